@@ -1,0 +1,328 @@
+// Package config loads Moonji's configuration: one YAML file plus a few
+// environment overrides, validated at start so that a bad file fails with a
+// message naming the key and the problem.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DemoModel is the name of the built-in model served in-process on the
+// embedded default, so a newcomer can chat with nothing else installed.
+const DemoModel = "moonji-demo"
+
+// Backend kinds.
+const (
+	KindOpenAI  = "openai"  // any OpenAI-compatible server (vLLM, Ollama, llama.cpp, …)
+	KindBuiltin = "builtin" // the in-process demo engine
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	Listen      string    `yaml:"listen"`
+	PublicURL   string    `yaml:"public_url"`
+	DatabaseURL string    `yaml:"database_url"`
+	RedisURL    string    `yaml:"redis_url"`
+	RateLimit   RateLimit `yaml:"rate_limit"`
+	Backends    []Backend `yaml:"backends"`
+	Models      []Model   `yaml:"models"`
+	Stop        Stop      `yaml:"stop"`
+	OIDC        *OIDC     `yaml:"oidc"`
+	DevIDP      DevIDP    `yaml:"dev_idp"`
+}
+
+// RateLimit holds the default per-key and per-user limits.
+type RateLimit struct {
+	RequestsPerMinute int `yaml:"requests_per_minute"`
+	TokensPerMinute   int `yaml:"tokens_per_minute"`
+}
+
+// Backend is one inference engine the gateway forwards to.
+type Backend struct {
+	Name           string        `yaml:"name"`
+	Kind           string        `yaml:"kind"`
+	URL            string        `yaml:"url"`
+	APIKey         string        `yaml:"api_key"`
+	MaxConcurrency int           `yaml:"max_concurrency"`
+	MaxQueue       int           `yaml:"max_queue"`
+	QueueTimeout   time.Duration `yaml:"queue_timeout"`
+	Timeout        time.Duration `yaml:"timeout"`
+	// TokensPerSecond paces the builtin engine (ignored for openai backends).
+	TokensPerSecond float64 `yaml:"tokens_per_second"`
+}
+
+// Model maps a public model name to a backend.
+type Model struct {
+	Name          string `yaml:"name"`
+	Backend       string `yaml:"backend"`
+	UpstreamModel string `yaml:"upstream_model"`
+}
+
+// Stop configures the cross-replica stop signal.
+type Stop struct {
+	TTL        time.Duration `yaml:"ttl"`
+	AckTimeout time.Duration `yaml:"ack_timeout"`
+}
+
+// OIDC configures login against an external OpenID provider. When the
+// section is absent, the embedded development provider is used.
+type OIDC struct {
+	Issuer       string   `yaml:"issuer"`
+	ClientID     string   `yaml:"client_id"`
+	ClientSecret string   `yaml:"client_secret"`
+	Scopes       []string `yaml:"scopes"`
+	AdminClaim   string   `yaml:"admin_claim"`
+	AdminValue   string   `yaml:"admin_value"`
+	AdminEmails  []string `yaml:"admin_emails"`
+}
+
+// DevIDP configures the embedded development OpenID provider.
+type DevIDP struct {
+	AdminEmail string `yaml:"admin_email"`
+	// AllowNonLoopback lets the dev provider run on a non-loopback listen
+	// address. It exists so that doing so is a deliberate choice.
+	AllowNonLoopback bool `yaml:"allow_non_loopback"`
+}
+
+// Default returns the embedded default: loopback, SQLite under ./data, no
+// Redis, and the built-in demo model.
+func Default() *Config {
+	c := &Config{}
+	c.applyDefaults()
+	return c
+}
+
+// Load reads the file at path (empty: no file, the embedded default), applies
+// the environment overrides and validates the result.
+func Load(path string) (*Config, error) {
+	c := &Config{}
+	if path != "" {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(raw))
+		dec.KnownFields(true)
+		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	c.applyEnv()
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		if path != "" {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return c, nil
+}
+
+// Complete fills in defaults and validates a configuration built in code
+// (tests, embedding) the way Load does for a file.
+func (c *Config) Complete() error {
+	c.applyDefaults()
+	return c.Validate()
+}
+
+func (c *Config) applyEnv() {
+	if v := os.Getenv("MOONJI_LISTEN"); v != "" {
+		c.Listen = v
+	}
+	if v := os.Getenv("MOONJI_DATABASE_URL"); v != "" {
+		c.DatabaseURL = v
+	}
+	if v, ok := os.LookupEnv("MOONJI_REDIS_URL"); ok {
+		c.RedisURL = v
+	}
+	if v := os.Getenv("MOONJI_PUBLIC_URL"); v != "" {
+		c.PublicURL = v
+	}
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = "sqlite://data/moonji.db"
+	}
+	if c.RateLimit.RequestsPerMinute == 0 {
+		c.RateLimit.RequestsPerMinute = 60
+	}
+	if len(c.Backends) == 0 && len(c.Models) == 0 {
+		c.Backends = []Backend{{Name: "demo", Kind: KindBuiltin, TokensPerSecond: 30}}
+		c.Models = []Model{{Name: DemoModel, Backend: "demo"}}
+	}
+	for i := range c.Backends {
+		b := &c.Backends[i]
+		if b.Kind == "" {
+			b.Kind = KindOpenAI
+		}
+		if b.MaxConcurrency == 0 {
+			b.MaxConcurrency = 16
+		}
+		if b.MaxQueue == 0 {
+			b.MaxQueue = 32
+		}
+		if b.QueueTimeout == 0 {
+			b.QueueTimeout = 30 * time.Second
+		}
+		if b.Kind == KindBuiltin && b.TokensPerSecond == 0 {
+			b.TokensPerSecond = 30
+		}
+	}
+	if c.Stop.TTL == 0 {
+		c.Stop.TTL = 10 * time.Minute
+	}
+	if c.Stop.AckTimeout == 0 {
+		c.Stop.AckTimeout = 2 * time.Second
+	}
+	if c.DevIDP.AdminEmail == "" {
+		c.DevIDP.AdminEmail = "admin@localhost"
+	}
+	if c.PublicURL == "" {
+		c.PublicURL = "http://" + c.Listen
+	}
+	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
+	if c.OIDC != nil && len(c.OIDC.Scopes) == 0 {
+		c.OIDC.Scopes = []string{"openid", "profile", "email"}
+	}
+}
+
+// Validate checks the configuration and names the offending key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "want host:port, got %q", c.Listen)
+	}
+	if _, _, err := DatabaseDriver(c.DatabaseURL); err != nil {
+		bad("database_url", "%v", err)
+	}
+	if c.RedisURL != "" {
+		if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+			bad("redis_url", "want redis://host:port[/db], got %q", c.RedisURL)
+		}
+	}
+	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("public_url", "want an absolute http(s) URL, got %q", c.PublicURL)
+	}
+	if c.RateLimit.RequestsPerMinute < 0 {
+		bad("rate_limit.requests_per_minute", "must not be negative")
+	}
+	if c.RateLimit.TokensPerMinute < 0 {
+		bad("rate_limit.tokens_per_minute", "must not be negative")
+	}
+	backends := map[string]bool{}
+	for i, b := range c.Backends {
+		key := fmt.Sprintf("backends[%d]", i)
+		switch {
+		case b.Name == "":
+			bad(key+".name", "is required")
+		case backends[b.Name]:
+			bad(key+".name", "duplicate backend %q", b.Name)
+		}
+		backends[b.Name] = true
+		switch b.Kind {
+		case KindOpenAI:
+			u, err := url.Parse(b.URL)
+			if b.URL == "" {
+				bad(key+".url", "is required for kind %q", b.Kind)
+			} else if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad(key+".url", "want an absolute http(s) URL such as http://127.0.0.1:8000/v1, got %q", b.URL)
+			}
+		case KindBuiltin:
+		default:
+			bad(key+".kind", "unknown kind %q (want %q or %q)", b.Kind, KindOpenAI, KindBuiltin)
+		}
+		if b.MaxConcurrency < 1 {
+			bad(key+".max_concurrency", "must be at least 1")
+		}
+		if b.MaxQueue < 0 {
+			bad(key+".max_queue", "must not be negative")
+		}
+		if b.QueueTimeout < 0 {
+			bad(key+".queue_timeout", "must not be negative")
+		}
+	}
+	models := map[string]bool{}
+	for i, m := range c.Models {
+		key := fmt.Sprintf("models[%d]", i)
+		switch {
+		case m.Name == "":
+			bad(key+".name", "is required")
+		case models[m.Name]:
+			bad(key+".name", "duplicate model %q", m.Name)
+		}
+		models[m.Name] = true
+		if !backends[m.Backend] {
+			bad(key+".backend", "unknown backend %q", m.Backend)
+		}
+	}
+	if c.Stop.TTL < 0 {
+		bad("stop.ttl", "must not be negative")
+	}
+	if c.OIDC != nil {
+		if c.OIDC.Issuer == "" {
+			bad("oidc.issuer", "is required")
+		}
+		if c.OIDC.ClientID == "" {
+			bad("oidc.client_id", "is required")
+		}
+	} else if !c.DevIDP.AllowNonLoopback && !IsLoopback(c.Listen) {
+		bad("dev_idp", "the embedded development login provider refuses to run on the non-loopback address %q; configure an oidc section, or set dev_idp.allow_non_loopback: true if you really mean it", c.Listen)
+	}
+	return errors.Join(errs...)
+}
+
+// IsLoopback reports whether a listen address only accepts local connections.
+func IsLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// DatabaseDriver splits a database URL into a driver name ("sqlite" or
+// "postgres") and the DSN that driver expects.
+func DatabaseDriver(dbURL string) (driver, dsn string, err error) {
+	switch {
+	case strings.HasPrefix(dbURL, "sqlite://"):
+		p := strings.TrimPrefix(dbURL, "sqlite://")
+		if p == "" {
+			return "", "", fmt.Errorf("sqlite URL needs a path, as in sqlite://data/moonji.db")
+		}
+		return "sqlite", p, nil
+	case strings.HasPrefix(dbURL, "postgres://"), strings.HasPrefix(dbURL, "postgresql://"):
+		return "postgres", dbURL, nil
+	default:
+		return "", "", fmt.Errorf("want sqlite://PATH or postgres://…, got %q", redactURL(dbURL))
+	}
+}
+
+// redactURL hides a password in a URL so it can appear in an error message.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}

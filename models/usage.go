@@ -1,0 +1,107 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Outcomes of a request in the usage ledger.
+const (
+	OutcomePending   = "pending" // still running; closed at start-up after a crash
+	OutcomeSuccess   = "success"
+	OutcomeError     = "error"
+	OutcomeCancelled = "cancelled"
+	OutcomeStopped   = "stopped"
+	OutcomeRejected  = "rejected"
+)
+
+// Where a row's token counts came from.
+const (
+	UsageFromEngine  = "engine"  // the engine's usage object
+	UsageFromCounted = "counted" // counted from delivered chunks (stream cut short)
+	UsageNone        = "none"
+)
+
+// Usage is one row of the ledger: exactly one per inference request.
+type Usage struct {
+	InferenceID      string    `gorm:"primaryKey;size:40"`
+	CreatedAt        time.Time `gorm:"index"`
+	FinishedAt       *time.Time
+	UserID           *uint  `gorm:"index"`
+	User             string `gorm:"size:320"`
+	KeyID            *uint  `gorm:"index"`
+	Source           string `gorm:"size:8"`
+	Model            string `gorm:"size:200"`
+	Backend          string `gorm:"size:200"`
+	Outcome          string `gorm:"size:16;index"`
+	Status           int
+	Reason           string `gorm:"size:200"`
+	PromptTokens     int
+	CompletionTokens int
+	UsageSource      string `gorm:"size:8"`
+	QueueMs          int64
+	TTFTMs           *int64
+	DurationMs       int64
+}
+
+// UsageByID finds one ledger row.
+func UsageByID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
+	var u Usage
+	err := db.WithContext(ctx).Where("inference_id = ?", id).Take(&u).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find usage %s: %w", id, err)
+	}
+	return &u, nil
+}
+
+// CloseUnfinishedUsage closes rows left pending by a crash as errors with
+// reason gateway_restart, so that no request is left without a final row.
+func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB) (int64, error) {
+	now := time.Now().UTC()
+	res := db.WithContext(ctx).Model(&Usage{}).Where("outcome = ?", OutcomePending).
+		Updates(map[string]any{"outcome": OutcomeError, "reason": "gateway_restart", "finished_at": now, "status": 0})
+	if res.Error != nil {
+		return 0, fmt.Errorf("close unfinished usage rows: %w", res.Error)
+	}
+	return res.RowsAffected, nil
+}
+
+// EachUsage calls fn for every row created at or after since, oldest first,
+// streaming rows from the database so a large export stays small in memory.
+func EachUsage(ctx context.Context, db *gorm.DB, since time.Time, fn func(*Usage) error) error {
+	rows, err := db.WithContext(ctx).Model(&Usage{}).Where("created_at >= ?", since.UTC()).
+		Order("created_at, inference_id").Rows()
+	if err != nil {
+		return fmt.Errorf("read usage: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var u Usage
+		if err := db.ScanRows(rows, &u); err != nil {
+			return fmt.Errorf("scan usage row: %w", err)
+		}
+		if err := fn(&u); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read usage: %w", err)
+	}
+	return nil
+}
+
+// ListUsage returns the newest rows, for admin pages and tests.
+func ListUsage(ctx context.Context, db *gorm.DB, limit int) ([]Usage, error) {
+	var rows []Usage
+	if err := db.WithContext(ctx).Order("created_at DESC").Limit(limit).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("list usage: %w", err)
+	}
+	return rows, nil
+}
