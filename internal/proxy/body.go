@@ -1,0 +1,105 @@
+// Package proxy forwards OpenAI-compatible requests to an inference engine.
+// The request body stays raw JSON: only model, stream and stream_options are
+// read or set, everything else passes through untouched (vLLM's
+// chat_template_kwargs, explicit nulls, fields nobody knows yet). Streamed
+// answers are relayed frame by frame, byte for byte.
+package proxy
+
+import (
+	"fmt"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// Request is what the gateway needs to know of a chat request.
+type Request struct {
+	Model string
+	// Stream is true for "stream": true; null or missing means false.
+	Stream bool
+	// ClientWantsUsage is the client's own stream_options.include_usage.
+	ClientWantsUsage bool
+	// MaxTokens is max_completion_tokens or max_tokens, 0 when unset.
+	MaxTokens int
+	// PromptBytes is the size of the messages, for token estimates.
+	PromptBytes int
+}
+
+// BadRequestError is a client error in the request body.
+type BadRequestError struct {
+	Message string
+	Param   string
+}
+
+func (e *BadRequestError) Error() string { return e.Message }
+
+// ParseRequest reads the fields the gateway needs and checks their types.
+func ParseRequest(body []byte) (Request, error) {
+	var r Request
+	if len(body) == 0 {
+		return r, &BadRequestError{Message: "request body is empty; expected a JSON object"}
+	}
+	if !gjson.ValidBytes(body) {
+		return r, &BadRequestError{Message: "request body is not valid JSON"}
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return r, &BadRequestError{Message: "request body must be a JSON object"}
+	}
+	model := root.Get("model")
+	if model.Type != gjson.String || model.Str == "" {
+		return r, &BadRequestError{Message: "you must provide a model parameter", Param: "model"}
+	}
+	r.Model = model.Str
+	switch s := root.Get("stream"); s.Type {
+	case gjson.True:
+		r.Stream = true
+	case gjson.False, gjson.Null:
+	default:
+		return r, &BadRequestError{Message: fmt.Sprintf("stream must be a boolean, got %s", s.Raw), Param: "stream"}
+	}
+	switch so := root.Get("stream_options"); so.Type {
+	case gjson.Null:
+	case gjson.JSON:
+		if !so.IsObject() {
+			return r, &BadRequestError{Message: "stream_options must be an object", Param: "stream_options"}
+		}
+		r.ClientWantsUsage = so.Get("include_usage").Type == gjson.True
+	default:
+		return r, &BadRequestError{Message: "stream_options must be an object", Param: "stream_options"}
+	}
+	for _, name := range []string{"max_completion_tokens", "max_tokens"} {
+		if v := root.Get(name); v.Type == gjson.Number && v.Int() > 0 {
+			r.MaxTokens = int(v.Int())
+			break
+		}
+	}
+	r.PromptBytes = len(root.Get("messages").Raw)
+	return r, nil
+}
+
+// RewriteBody prepares the body for the engine: the model renamed when the
+// configuration maps it to another upstream name, and, for streams,
+// stream_options.include_usage forced on so the gateway always learns the
+// token counts. Every other byte stays as the client sent it.
+func RewriteBody(body []byte, r Request, upstreamModel string) ([]byte, error) {
+	var err error
+	if upstreamModel != "" && upstreamModel != r.Model {
+		if body, err = sjson.SetBytes(body, "model", upstreamModel); err != nil {
+			return nil, fmt.Errorf("set model: %w", err)
+		}
+	}
+	if !r.Stream || r.ClientWantsUsage {
+		return body, nil
+	}
+	if gjson.GetBytes(body, "stream_options").Type == gjson.JSON {
+		body, err = sjson.SetBytes(body, "stream_options.include_usage", true)
+	} else {
+		// Missing or an explicit null: replace it with an object.
+		body, err = sjson.SetRawBytes(body, "stream_options", []byte(`{"include_usage":true}`))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("set stream_options.include_usage: %w", err)
+	}
+	return body, nil
+}
