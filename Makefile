@@ -1,0 +1,45 @@
+# Two commands matter: `go run . serve` (the README) and `make test`, which
+# installs what the tests need and runs all of them.
+GO      ?= go
+BIN     := bin/moonji
+# Packages without the SQLite driver are cheap to build with -race.
+RACE_PKGS := ./internal/proxy/... ./internal/connwatch/... ./internal/stop/... ./internal/admission/... \
+             ./internal/ratelimit/... ./internal/mockllm/... ./internal/metrics/...
+
+.PHONY: all build run test deps test-go test-race test-e2e generate bench clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) .
+
+run:
+	$(GO) run . serve
+
+generate:
+	$(GO) tool templ generate
+
+test: deps build test-go test-race test-e2e
+
+deps: node_modules/.installed
+	@scripts/ensure-chromium.sh
+
+node_modules/.installed: package.json package-lock.json
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund
+	@touch $@
+
+test-go:
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+test-race:
+	$(GO) test -count=1 -race $(RACE_PKGS)
+
+test-e2e: build node_modules/.installed
+	npx playwright test
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/proxy/ ./internal/stop/ ./internal/admission/ ./internal/ratelimit/
+
+clean:
+	rm -rf bin e2e/.tmp test-results

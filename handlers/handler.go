@@ -1,0 +1,49 @@
+// Package handlers holds Moonji's HTTP handlers: thin functions that read
+// the request, call into the domain packages and write the answer.
+package handlers
+
+import (
+	"log/slog"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
+	"gorm.io/gorm"
+
+	"moonji/internal/apikey"
+	"moonji/internal/auth"
+	"moonji/internal/gateway"
+)
+
+// Handler carries what the handlers share.
+type Handler struct {
+	DB      *gorm.DB
+	Gateway *gateway.Gateway
+	APIKeys *apikey.Store
+	Log     *slog.Logger
+	// Auth signs people in and holds their sessions; pages, /api and the
+	// session path of /v1 need it.
+	Auth *auth.Service
+}
+
+// apiError writes an error in OpenAI's format.
+func apiError(c *fiber.Ctx, status int, message, typ, code string) error {
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(status).Send(gateway.ErrorBody(message, typ, code))
+}
+
+// writeResponse writes a gateway response. A streamed body is written by
+// fasthttp after the handler returns; the stream function must not touch c.
+func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			c.Set(k, v)
+		}
+	}
+	c.Status(r.Status)
+	c.Set(fiber.HeaderContentType, r.ContentType)
+	if r.Stream != nil {
+		c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(r.Stream))
+		return nil
+	}
+	return c.Send(r.Body)
+}

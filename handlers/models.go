@@ -1,0 +1,45 @@
+package handlers
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// started is reported as every model's creation time: the models are
+// configuration, and this is when it was loaded.
+var started = time.Now().Unix()
+
+// Models serves GET /v1/models: the configured model names.
+func (h *Handler) Models(c *fiber.Ctx) error {
+	if _, err := h.principal(c); err != nil {
+		return apiError(c, http.StatusUnauthorized, err.Error(), "invalid_request_error", "invalid_api_key")
+	}
+	data := make([]modelObject, 0, len(h.Gateway.Models()))
+	for _, m := range h.Gateway.Models() {
+		data = append(data, modelObject{ID: m, Object: "model", Created: started, OwnedBy: "moonji"})
+	}
+	return c.JSON(fiber.Map{"object": "list", "data": data})
+}
+
+// Model serves GET /v1/models/{id}.
+func (h *Handler) Model(c *fiber.Ctx) error {
+	if _, err := h.principal(c); err != nil {
+		return apiError(c, http.StatusUnauthorized, err.Error(), "invalid_request_error", "invalid_api_key")
+	}
+	id := c.Params("*")
+	for _, m := range h.Gateway.Models() {
+		if m == id {
+			return c.JSON(modelObject{ID: m, Object: "model", Created: started, OwnedBy: "moonji"})
+		}
+	}
+	return apiError(c, http.StatusNotFound, "The model `"+id+"` does not exist or you do not have access to it.", "invalid_request_error", "model_not_found")
+}

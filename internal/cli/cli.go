@@ -1,0 +1,54 @@
+// Package cli implements moonji's command line: serve, mockllm, keys and
+// usage. Its flags and outputs are a public interface: scripts depend on them.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+)
+
+const usageText = `Moonji: a gateway in front of LLM inference engines.
+
+Usage:
+  moonji serve [--config FILE]                 run the server
+  moonji mockllm [--listen ADDR]               run a stand-alone fake OpenAI-compatible engine
+  moonji keys create --owner EMAIL --name NAME [--expires DURATION] [--rpm N]
+                                               issue an API key (printed once, alone on stdout)
+  moonji keys list                             list keys
+  moonji keys revoke ID                        revoke a key
+  moonji usage export [--since TIME] [--format jsonl|csv]
+                                               print the usage ledger
+
+Every subcommand takes --config FILE (or MOONJI_CONFIG); with neither, the
+embedded default is used (SQLite under ./data, the built-in demo model).
+`
+
+// ErrUsage marks a command-line mistake: the caller prints Usage and exits 2.
+var ErrUsage = errors.New("usage")
+
+// Usage is the help text.
+const Usage = usageText
+
+// Run runs one moonji command line (without the program name).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: a subcommand is required", ErrUsage)
+	}
+	switch args[0] {
+	case "serve":
+		return cmdServe(ctx, args[1:], stderr)
+	case "mockllm":
+		return cmdMockLLM(ctx, args[1:], stdout)
+	case "keys":
+		return cmdKeys(ctx, args[1:], stdout)
+	case "usage":
+		return cmdUsage(ctx, args[1:], stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usageText)
+		return nil
+	default:
+		return fmt.Errorf("%w: unknown subcommand %q", ErrUsage, args[0])
+	}
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"moonji/internal/apikey"
+	"moonji/models"
+)
+
+func cmdKeys(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: keys needs create, list or revoke", ErrUsage)
+	}
+	switch args[0] {
+	case "create":
+		return keysCreate(ctx, args[1:], stdout)
+	case "list":
+		return keysList(ctx, args[1:], stdout)
+	case "revoke":
+		return keysRevoke(ctx, args[1:], stdout)
+	default:
+		return fmt.Errorf("%w: unknown keys command %q", ErrUsage, args[0])
+	}
+}
+
+func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, path := newFlagSet("keys create")
+	owner := fs.String("owner", "", "email of the key's owner")
+	name := fs.String("name", "", "name of the key")
+	expires := fs.String("expires", "", "lifetime, e.g. 720h or 30d (default: no expiry)")
+	rpm := fs.Int("rpm", 0, "requests per minute for this key (default: the configured limit)")
+	if pos, err := parse(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: keys create takes no arguments", ErrUsage)
+	}
+	if *owner == "" || *name == "" {
+		return fmt.Errorf("%w: keys create needs --owner and --name", ErrUsage)
+	}
+	var lifetime time.Duration
+	if *expires != "" {
+		d, err := parseDuration(*expires)
+		if err != nil {
+			return fmt.Errorf("%w: --expires: %v", ErrUsage, err)
+		}
+		lifetime = d
+	}
+	if *rpm < 0 {
+		return fmt.Errorf("%w: --rpm must not be negative", ErrUsage)
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	db, err := models.Open(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer models.Close(db)
+	user, err := models.EnsureUser(ctx, db, *owner)
+	if err != nil {
+		return err
+	}
+	secret, _, err := apikey.Create(ctx, db, user.ID, *name, lifetime, *rpm)
+	if err != nil {
+		return err
+	}
+	// The key alone on one line: scripts capture it with $(…).
+	_, err = fmt.Fprintln(stdout, secret)
+	return err
+}
+
+func keysList(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, path := newFlagSet("keys list")
+	if pos, err := parse(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: keys list takes no arguments", ErrUsage)
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	db, err := models.Open(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer models.Close(db)
+	keys, err := models.ListAPIKeys(ctx, db, 0)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPREFIX\tNAME\tOWNER\tSTATUS\tRPM\tCREATED\tEXPIRES\tLAST USED")
+	for _, k := range keys {
+		rpm := "default"
+		if k.RPM > 0 {
+			rpm = strconv.Itoa(k.RPM)
+		}
+		fmt.Fprintf(tw, "%d\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Name, k.User.Email,
+			k.Status(now), rpm, fmtTime(&k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt))
+	}
+	return tw.Flush()
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func keysRevoke(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, path := newFlagSet("keys revoke")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: keys revoke needs exactly one key ID", ErrUsage)
+	}
+	id, err := strconv.ParseUint(pos[0], 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: key ID must be a number, got %q", ErrUsage, pos[0])
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	db, err := models.Open(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer models.Close(db)
+	if err := models.RevokeAPIKey(ctx, db, uint(id), 0); err != nil {
+		if errors.Is(err, models.ErrNotFound) {
+			return fmt.Errorf("no key with ID %d", id)
+		}
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "revoked key %d\n", id)
+	return err
+}

@@ -1,0 +1,124 @@
+// Package metrics defines the Prometheus metrics the gateway exports. Every
+// label combination that is known at start (model × outcome, rejection
+// reasons, backends) is created at zero, so the first error of a kind shows
+// up in rate() instead of appearing from nowhere at 1.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Outcomes, rejection reasons and stop results known in advance.
+var (
+	Outcomes         = []string{"success", "error", "cancelled", "stopped", "rejected"}
+	RejectionReasons = []string{"unauthorized", "invalid_request", "model_not_found", "rate_limited", "queue_full", "queue_timeout"}
+	StopResults      = []string{"acked", "local", "timeout", "finished", "not_found", "unavailable"}
+)
+
+// Metrics holds every collector, on a registry of its own so that several
+// gateways can live in one test process.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Requests        *prometheus.CounterVec   // model, outcome
+	Rejections      *prometheus.CounterVec   // reason
+	TTFT            *prometheus.HistogramVec // model
+	QueueWait       *prometheus.HistogramVec // backend
+	Duration        *prometheus.HistogramVec // model
+	PromptTokens    *prometheus.CounterVec   // model
+	CompletionToks  *prometheus.CounterVec   // model
+	DecodeSpeed     *prometheus.HistogramVec // model
+	InFlight        *prometheus.GaugeVec     // backend
+	Queued          *prometheus.GaugeVec     // backend
+	RateLimitDegrad prometheus.Gauge
+	Stops           *prometheus.CounterVec // result
+	StopLatency     prometheus.Histogram
+}
+
+// New creates and registers the metrics, pre-registering every known label
+// combination at zero.
+func New(models, backends []string) *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	latency := []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	m := &Metrics{
+		Registry: reg,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_requests_total", Help: "Inference requests by model and outcome.",
+		}, []string{"model", "outcome"}),
+		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_rejections_total", Help: "Rejected inference requests by reason.",
+		}, []string{"reason"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "moonji_time_to_first_token_seconds", Help: "Time from the request's arrival to its first content chunk.",
+			Buckets: latency,
+		}, []string{"model"}),
+		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "moonji_queue_wait_seconds", Help: "Time spent waiting for a backend slot.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"backend"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "moonji_request_duration_seconds", Help: "Time from the request's arrival to its end.",
+			Buckets: latency,
+		}, []string{"model"}),
+		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_prompt_tokens_total", Help: "Prompt tokens processed.",
+		}, []string{"model"}),
+		CompletionToks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_completion_tokens_total", Help: "Completion tokens delivered.",
+		}, []string{"model"}),
+		DecodeSpeed: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "moonji_decode_tokens_per_second", Help: "Completion tokens per second after the first token.",
+			Buckets: []float64{1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 500, 1000},
+		}, []string{"model"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "moonji_backend_in_flight", Help: "Requests holding a backend slot.",
+		}, []string{"backend"}),
+		Queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "moonji_backend_queued", Help: "Requests waiting for a backend slot.",
+		}, []string{"backend"}),
+		RateLimitDegrad: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "moonji_ratelimit_degraded", Help: "1 while Redis is unreachable and rate limits are per replica.",
+		}),
+		Stops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_stops_total", Help: "Stop requests by result.",
+		}, []string{"result"}),
+		StopLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "moonji_stop_latency_seconds", Help: "Time from a stop request to the owner's acknowledgement.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .02, .05, .1, .25, .5, 1, 2},
+		}),
+	}
+	reg.MustRegister(m.Requests, m.Rejections, m.TTFT, m.QueueWait, m.Duration, m.PromptTokens,
+		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.Stops, m.StopLatency)
+	for _, model := range models {
+		for _, o := range Outcomes {
+			m.Requests.WithLabelValues(model, o)
+		}
+		m.TTFT.WithLabelValues(model)
+		m.Duration.WithLabelValues(model)
+		m.PromptTokens.WithLabelValues(model)
+		m.CompletionToks.WithLabelValues(model)
+		m.DecodeSpeed.WithLabelValues(model)
+	}
+	for _, r := range RejectionReasons {
+		m.Rejections.WithLabelValues(r)
+	}
+	for _, b := range backends {
+		m.QueueWait.WithLabelValues(b)
+		m.InFlight.WithLabelValues(b)
+		m.Queued.WithLabelValues(b)
+	}
+	for _, r := range StopResults {
+		m.Stops.WithLabelValues(r)
+	}
+	return m
+}
+
+// Handler serves the metrics in Prometheus' text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}

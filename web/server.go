@@ -1,0 +1,308 @@
+// Package web assembles Moonji's server: configuration in, a Fiber app with
+// its routes and middleware out, and the lifecycle (start, graceful stop) of
+// everything behind it.
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
+
+	"moonji/handlers"
+	"moonji/internal/admission"
+	"moonji/internal/apikey"
+	"moonji/internal/config"
+	"moonji/internal/gateway"
+	"moonji/internal/ledger"
+	"moonji/internal/metrics"
+	"moonji/internal/mockllm"
+	"moonji/internal/proxy"
+	"moonji/internal/ratelimit"
+	"moonji/internal/stop"
+	"moonji/models"
+)
+
+// Server is one running gateway replica.
+type Server struct {
+	Config  *config.Config
+	DB      *gorm.DB
+	App     *fiber.App
+	Ledger  *ledger.Ledger
+	Metrics *metrics.Metrics
+	Gateway *gateway.Gateway
+	Stops   *stop.Service
+	Redis   *redis.Client
+
+	log      *slog.Logger
+	keys     *apikey.Store
+	builtins []*http.Server
+	closers  []func()
+	ln       net.Listener
+}
+
+// New builds a server from cfg: database, ledger, backends, routes. It does
+// not listen yet.
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{Config: cfg, log: log}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeAll()
+		}
+	}()
+
+	db, err := models.Open(cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	s.DB = db
+	s.closers = append(s.closers, func() { models.Close(db) })
+	if n, err := models.CloseUnfinishedUsage(ctx, db); err != nil {
+		return nil, err
+	} else if n > 0 {
+		log.Warn("closed usage rows left unfinished by a previous run", "rows", n, "reason", "gateway_restart")
+	}
+
+	s.Ledger = ledger.New(db, log)
+	s.closers = append(s.closers, s.Ledger.Close)
+	s.keys = apikey.NewStore(db, log, 30*time.Second)
+	s.closers = append(s.closers, s.keys.Close)
+
+	var modelNames, backendNames []string
+	for _, m := range cfg.Models {
+		modelNames = append(modelNames, m.Name)
+	}
+	for _, b := range cfg.Backends {
+		backendNames = append(backendNames, b.Name)
+	}
+	s.Metrics = metrics.New(append(modelNames, "unknown"), backendNames)
+
+	if cfg.RedisURL != "" {
+		opt, err := redis.ParseURL(cfg.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("redis_url: %w", err)
+		}
+		// Short timeouts: a Redis that hangs must turn into the limiter's
+		// in-memory fallback or a clear 503 on Stop quickly, not into slow
+		// requests.
+		opt.ContextTimeoutEnabled = true
+		opt.DialTimeout = time.Second
+		opt.ReadTimeout = time.Second
+		opt.WriteTimeout = time.Second
+		opt.MaxRetries = 1
+		s.Redis = redis.NewClient(opt)
+		s.closers = append(s.closers, func() { _ = s.Redis.Close() })
+	}
+
+	limiter := s.newLimiter()
+	if err := s.startStops(ctx); err != nil {
+		return nil, err
+	}
+
+	backends, err := s.startBackends(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var routes []*gateway.Route
+	for _, m := range cfg.Models {
+		routes = append(routes, &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Backend: backends[m.Backend]})
+	}
+	s.Gateway = gateway.New(gateway.Options{
+		Routes: routes, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
+		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
+		Stops: s.Stops, Log: log,
+	})
+
+	s.App = fiber.New(fiber.Config{
+		AppName:               "moonji",
+		DisableStartupMessage: true,
+		BodyLimit:             32 << 20,
+		ReadTimeout:           60 * time.Second,
+		IdleTimeout:           120 * time.Second,
+		ErrorHandler:          s.errorHandler,
+	})
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log}
+	s.routes(h)
+	if err := s.setupAuth(ctx, h); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+func (s *Server) newLimiter() *ratelimit.Limiter {
+	o := ratelimit.Options{
+		Logger: s.log,
+		OnDegraded: func(degraded bool) {
+			v := 0.0
+			if degraded {
+				v = 1
+			}
+			s.Metrics.RateLimitDegrad.Set(v)
+		},
+	}
+	if s.Redis != nil {
+		o.Redis = s.Redis
+	}
+	l := ratelimit.New(o)
+	s.closers = append(s.closers, l.Close)
+	return l
+}
+
+func (s *Server) startStops(ctx context.Context) error {
+	holder := stop.NewHolder(s.Config.Stop.TTL)
+	var bus stop.Bus = stop.NewLocalBus()
+	if s.Redis != nil {
+		bus = stop.NewRedisBus(s.Redis, stop.RedisOptions{KeyTTL: s.Config.Stop.TTL, Logger: s.log})
+	}
+	s.Stops = stop.NewService(holder, bus, stop.Options{AckTimeout: s.Config.Stop.AckTimeout, Logger: s.log})
+	s.closers = append(s.closers, s.Stops.Close, holder.Close)
+	// A replica must come up even while Redis is away: it then serves with
+	// per-replica limits and local stops, and the bus keeps retrying.
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.Stops.Start(startCtx); err != nil {
+		s.log.Warn("stop bus not subscribed yet; stops from other replicas will work once Redis answers", "err", err)
+	}
+	return nil
+}
+
+// startBackends creates each backend's admission gate and starts the
+// in-process engines of builtin backends.
+func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend, error) {
+	out := map[string]*gateway.Backend{}
+	for _, b := range cfg.Backends {
+		gb := &gateway.Backend{Name: b.Name, Timeout: b.Timeout,
+			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
+		name := b.Name
+		gb.Gate = admission.NewGate(b.Name, admission.Options{
+			MaxConcurrency: b.MaxConcurrency, MaxQueue: b.MaxQueue, QueueTimeout: b.QueueTimeout,
+			OnChange: func(inFlight, queued int) {
+				s.Metrics.InFlight.WithLabelValues(name).Set(float64(inFlight))
+				s.Metrics.Queued.WithLabelValues(name).Set(float64(queued))
+			},
+		})
+		if b.Kind == config.KindBuiltin {
+			url, err := s.startBuiltin(cfg, b)
+			if err != nil {
+				return nil, err
+			}
+			gb.Upstream.BaseURL = url
+		}
+		out[b.Name] = gb
+	}
+	return out, nil
+}
+
+// startBuiltin serves the demo engine on a loopback port of its own, so the
+// gateway reaches it through exactly the path a real engine takes.
+func (s *Server) startBuiltin(cfg *config.Config, b config.Backend) (string, error) {
+	var served []string
+	for _, m := range cfg.Models {
+		if m.Backend == b.Name {
+			served = append(served, m.Name)
+			if m.UpstreamModel != "" {
+				served = append(served, m.UpstreamModel)
+			}
+		}
+	}
+	o := mockllm.DemoOptions()
+	o.Models = served
+	o.TokensPerSecond = b.TokensPerSecond
+	o.Logger = s.log.With("backend", b.Name)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("start builtin backend %s: %w", b.Name, err)
+	}
+	srv := &http.Server{Handler: mockllm.New(o), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("builtin backend stopped", "backend", b.Name, "err", err)
+		}
+	}()
+	s.builtins = append(s.builtins, srv)
+	return "http://" + ln.Addr().String() + "/v1", nil
+}
+
+// Listen opens the configured address (or addr, when not empty).
+func (s *Server) Listen(addr string) (net.Listener, error) {
+	if addr == "" {
+		addr = s.Config.Listen
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	s.ln = ln
+	return ln, nil
+}
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.App.Listener(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting requests, lets running ones finish for up to
+// timeout, then flushes the ledger and closes everything.
+func (s *Server) Shutdown(timeout time.Duration) {
+	if s.App != nil {
+		if err := s.App.ShutdownWithTimeout(timeout); err != nil {
+			s.log.Warn("shutdown", "err", err)
+		}
+	}
+	for _, b := range s.builtins {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = b.Shutdown(ctx)
+		cancel()
+	}
+	s.closeAll()
+}
+
+func (s *Server) closeAll() {
+	// Close in reverse order of creation: the ledger flushes before the
+	// database closes.
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+// errorHandler answers errors that escape handlers: OpenAI's format under
+// /v1, plain text elsewhere.
+func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
+	status := fiber.StatusInternalServerError
+	var fe *fiber.Error
+	if errors.As(err, &fe) {
+		status = fe.Code
+	}
+	if status >= 500 {
+		s.log.Error("request failed", "path", c.Path(), "err", err)
+	}
+	msg := err.Error()
+	if status >= 500 {
+		msg = "internal error"
+	}
+	if len(c.Path()) >= 3 && c.Path()[:3] == "/v1" {
+		typ := "invalid_request_error"
+		if status >= 500 {
+			typ = "server_error"
+		}
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		return c.Status(status).Send(gateway.ErrorBody(msg, typ, ""))
+	}
+	return c.Status(status).SendString(msg)
+}
