@@ -60,7 +60,7 @@ func Open(dbURL string) (*gorm.DB, error) {
 
 // Migrate creates or updates every table.
 func Migrate(db *gorm.DB) error {
-	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Session{}, &LoginState{}); err != nil {
+	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
 	return nil

@@ -1,0 +1,157 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"moonji/internal/auth"
+	"moonji/internal/gateway"
+	"moonji/models"
+)
+
+// localSession is the c.Locals key of the request's session, loaded once.
+const localSession = "moonji.session"
+
+// noSession marks in c.Locals that the request was looked at and has none.
+type noSession struct{}
+
+// errBlocked means the client's address has failed authentication too often.
+var errBlocked = errors.New("too many failed authentications from this address; wait a minute")
+
+// session returns the request's live session, or nil. A cookie that names no
+// live session counts as a failed authentication of the client's address and
+// is cleared. From a blocked address the cookie is not even looked up.
+func (h *Handler) session(c *fiber.Ctx) (*models.Session, error) {
+	switch v := c.Locals(localSession).(type) {
+	case *models.Session:
+		return v, nil
+	case noSession:
+		return nil, nil
+	}
+	cookie := c.Cookies(h.Auth.SessionCookieName())
+	if cookie == "" {
+		c.Locals(localSession, noSession{})
+		return nil, nil
+	}
+	now := time.Now()
+	if h.Auth.Failures.Blocked(c.IP(), now) {
+		return nil, errBlocked
+	}
+	sess, err := h.Auth.Session(c.UserContext(), cookie)
+	if errors.Is(err, auth.ErrNoSession) {
+		h.Auth.Failures.Fail(c.IP(), now)
+		h.Log.Warn("authentication failed", "kind", "session", "reason", "unknown or expired session",
+			"remote", c.IP(), "method", c.Method(), "path", c.Path())
+		setCookie(c, h.Auth.SessionCookie("", -1))
+		c.Locals(localSession, noSession{})
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.Locals(localSession, sess)
+	return sess, nil
+}
+
+// csrfOK reports whether a state-changing request carries the session's CSRF
+// token: in the X-CSRF-Token header (htmx, scripts) or, when form is true,
+// the _csrf form field (plain forms). Safe methods need none.
+func (h *Handler) csrfOK(c *fiber.Ctx, sess *models.Session, form bool) bool {
+	if auth.SafeMethod(c.Method()) {
+		return true
+	}
+	token := c.Get(auth.CSRFHeader)
+	if token == "" && form {
+		token = c.FormValue(auth.CSRFField)
+	}
+	if auth.CheckCSRF(sess, token) {
+		return true
+	}
+	h.Log.Warn("CSRF check failed", "user", sess.UserID, "remote", c.IP(), "method", c.Method(), "path", c.Path())
+	return false
+}
+
+// sessionPrincipal identifies a signed-in person calling /v1 (the chat page).
+// A state-changing call must carry the CSRF token in the X-CSRF-Token header:
+// /v1 bodies are JSON, and a cross-site form must not spend a person's quota.
+func (h *Handler) sessionPrincipal(c *fiber.Ctx) (gateway.Principal, bool) {
+	if h.Auth == nil {
+		return gateway.Principal{}, false
+	}
+	sess, err := h.session(c)
+	if err != nil {
+		if !errors.Is(err, errBlocked) {
+			h.Log.Error("look up session", "err", err)
+		}
+		return gateway.Principal{}, false
+	}
+	if sess == nil || !h.csrfOK(c, sess, false) {
+		return gateway.Principal{}, false
+	}
+	return gateway.Principal{UserID: sess.UserID, Email: sess.User.Email, Admin: sess.User.Admin,
+		Source: gateway.SourceWeb}, true
+}
+
+// RequirePageSession guards pages: without a session, GET goes to the
+// sign-in and comes back; a state-changing request without the CSRF token
+// is refused. API keys are never looked at: a leaked key opens no page.
+func (h *Handler) RequirePageSession(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if errors.Is(err, errBlocked) {
+		return h.message(c, http.StatusTooManyRequests, "Too many attempts", err.Error(), "", "")
+	}
+	if err != nil {
+		return err
+	}
+	if sess == nil {
+		next := "/"
+		if c.Method() == fiber.MethodGet {
+			next = c.OriginalURL()
+		}
+		return c.Redirect("/login?next="+url.QueryEscape(next), http.StatusSeeOther)
+	}
+	if !h.csrfOK(c, sess, true) {
+		return h.message(c, http.StatusForbidden, "Request refused",
+			"The form was stale or came from another site. Reload the page and try again.", "Reload", "/")
+	}
+	return c.Next()
+}
+
+// RequireAPISession guards /api: a session or 401 (JSON), and the CSRF
+// header on state-changing requests. API keys are never accepted here.
+func (h *Handler) RequireAPISession(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if errors.Is(err, errBlocked) {
+		return c.Status(http.StatusTooManyRequests).JSON(fiber.Map{"error": err.Error()})
+	}
+	if err != nil {
+		return err
+	}
+	if sess == nil {
+		return c.Status(http.StatusUnauthorized).JSON(fiber.Map{"error": "sign in first: /api accepts only a login session"})
+	}
+	if !h.csrfOK(c, sess, false) {
+		return c.Status(http.StatusForbidden).JSON(fiber.Map{"error": "missing or wrong " + auth.CSRFHeader + " header"})
+	}
+	return c.Next()
+}
+
+// RequireAdmin refuses non-admins with 403; it runs after a session guard.
+func (h *Handler) RequireAdmin(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	if sess == nil || !sess.User.Admin {
+		if strings.HasPrefix(c.Path(), "/api/") {
+			return c.Status(http.StatusForbidden).JSON(fiber.Map{"error": "admins only"})
+		}
+		return h.message(c, http.StatusForbidden, "Admins only", "This page is for Moonji's admins.", "Home", "/")
+	}
+	return c.Next()
+}

@@ -1,0 +1,188 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/zitadel/oidc/v3/pkg/client/rp"
+	"github.com/zitadel/oidc/v3/pkg/oidc"
+
+	"moonji/models"
+)
+
+// Errors of the sign-in flow.
+var (
+	// ErrProviderUnreachable means discovery failed: the provider is down or
+	// misconfigured.
+	ErrProviderUnreachable = errors.New("the sign-in provider cannot be reached")
+	// ErrLoginExpired means the callback does not match a sign-in this
+	// browser started, or it came too late; starting again fixes it.
+	ErrLoginExpired = errors.New("this sign-in has expired or was not started here")
+	// ErrProviderRefused means the provider answered with an error.
+	ErrProviderRefused = errors.New("the sign-in provider refused the sign-in")
+)
+
+// BeginLogin starts a sign-in: it stores the PKCE verifier and the page to
+// return to under a fresh state, and returns the provider URL to send the
+// browser to and the state, which goes into the login cookie.
+func (s *Service) BeginLogin(ctx context.Context, next string) (redirect, state string, err error) {
+	party, err := s.rp.get(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	state, err = randomToken()
+	if err != nil {
+		return "", "", err
+	}
+	verifier, err := randomToken()
+	if err != nil {
+		return "", "", err
+	}
+	now := time.Now().UTC()
+	ls := &models.LoginState{ID: hashToken(state), Verifier: verifier, Next: SafeNext(next),
+		CreatedAt: now, ExpiresAt: now.Add(DefaultLoginTimeout)}
+	if err := models.CreateLoginState(ctx, s.db, ls); err != nil {
+		return "", "", err
+	}
+	return rp.AuthURL(state, party, rp.WithCodeChallenge(oidc.NewSHACodeChallenge(verifier))), state, nil
+}
+
+// Callback is what the provider's redirect back brings, plus the cookies.
+type Callback struct {
+	CookieState      string // the login cookie
+	State            string // the state query parameter
+	Code             string
+	Error            string // the provider's error code, when it refused
+	ErrorDescription string
+	OldSession       string // the session cookie the browser had, if any
+}
+
+// Login is a completed sign-in.
+type Login struct {
+	Cookie  string // the new session cookie's value
+	Session *models.Session
+	User    *models.User
+	Next    string // the local page to go to
+}
+
+// FinishLogin completes a sign-in: it checks that the callback belongs to
+// the sign-in this browser started, exchanges the code with the verifier,
+// verifies the ID token, creates or updates the user and starts a session.
+func (s *Service) FinishLogin(ctx context.Context, cb Callback) (*Login, error) {
+	if cb.CookieState == "" || cb.State == "" || !equal(cb.CookieState, cb.State) {
+		return nil, ErrLoginExpired
+	}
+	ls, err := models.TakeLoginState(ctx, s.db, hashToken(cb.State), time.Now())
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, ErrLoginExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cb.Error != "" {
+		return nil, fmt.Errorf("%w: %s %s", ErrProviderRefused, cb.Error, cb.ErrorDescription)
+	}
+	if cb.Code == "" {
+		return nil, fmt.Errorf("%w: no code in the callback", ErrProviderRefused)
+	}
+	party, err := s.rp.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := rp.CodeExchange[*oidc.IDTokenClaims](ctx, cb.Code, party, rp.WithCodeVerifier(ls.Verifier))
+	if err != nil {
+		return nil, fmt.Errorf("exchange the code: %w", err)
+	}
+	id := s.identity(ctx, party, tokens)
+	user, err := s.upsertUser(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cookie, sess, err := s.CreateSession(ctx, user.ID, tokens.IDToken, cb.OldSession)
+	if err != nil {
+		return nil, err
+	}
+	sess.User = *user
+	s.log.InfoContext(ctx, "signed in", "user", user.ID, "email", user.Email, "admin", user.Admin)
+	return &Login{Cookie: cookie, Session: sess, User: user, Next: ls.Next}, nil
+}
+
+// identity reads the signed-in identity from the verified ID token, asking
+// userinfo for what the token lacks: some providers (Zitadel by default) put
+// only the subject in the ID token.
+func (s *Service) identity(ctx context.Context, party rp.RelyingParty, tokens *oidc.Tokens[*oidc.IDTokenClaims]) Identity {
+	c := tokens.IDTokenClaims
+	id := Identity{Issuer: c.Issuer, Subject: c.Subject, Email: c.Email, EmailVerified: bool(c.EmailVerified),
+		Name: c.Name, Claims: mergeClaims(nil, c.Claims)}
+	_, hasAdminClaim := lookupClaim(id.Claims, s.admin.Claim)
+	needInfo := id.Email == "" || (s.admin.Claim != "" && !hasAdminClaim)
+	if !needInfo || party.UserinfoEndpoint() == "" || tokens.Token == nil || tokens.AccessToken == "" {
+		return id
+	}
+	info, err := rp.Userinfo[*oidc.UserInfo](ctx, tokens.AccessToken, tokens.TokenType, c.Subject, party)
+	if err != nil {
+		s.log.WarnContext(ctx, "userinfo failed; using the ID token alone", "err", err)
+		return id
+	}
+	if id.Email == "" {
+		id.Email, id.EmailVerified = info.Email, bool(info.EmailVerified)
+	}
+	if id.Name == "" {
+		id.Name = info.Name
+	}
+	id.Claims = mergeClaims(id.Claims, info.Claims)
+	return id
+}
+
+// PostLogoutPath is where the provider sends the browser after signing out.
+const PostLogoutPath = "/"
+
+// RedirectURI is the callback URL to register at the provider.
+func (s *Service) RedirectURI() string { return s.public + CallbackPath }
+
+// PostLogoutRedirectURI is the URL to register at the provider for
+// RP-initiated logout.
+func (s *Service) PostLogoutRedirectURI() string { return s.public + PostLogoutPath }
+
+// LogoutURL returns the provider's end-session URL for an ID token, where the
+// browser must go to end its sign-in at the provider too, or "" when the
+// provider offers none (or cannot be reached: the local session is over
+// anyway). It is a browser redirect, not a server call, because the
+// provider's own session lives in the browser's cookies.
+func (s *Service) LogoutURL(ctx context.Context, idToken string) string {
+	party, err := s.rp.get(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "skip logout at the provider", "err", err)
+		return ""
+	}
+	endpoint := party.GetEndSessionEndpoint()
+	if endpoint == "" {
+		return ""
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return ""
+	}
+	q := u.Query()
+	if idToken != "" {
+		q.Set("id_token_hint", idToken)
+	}
+	q.Set("client_id", s.provider.ClientID)
+	q.Set("post_logout_redirect_uri", s.PostLogoutRedirectURI())
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// SafeNext keeps a return-to address only when it is a path on this site, so
+// that /login?next= cannot send people elsewhere.
+func SafeNext(next string) string {
+	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") ||
+		strings.ContainsAny(next, "\\\r\n") || len(next) > 1000 {
+		return "/"
+	}
+	return next
+}

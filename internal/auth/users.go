@@ -1,0 +1,73 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"gorm.io/gorm"
+
+	"moonji/models"
+)
+
+// Errors of a sign-in that reached the provider but cannot become a user.
+var (
+	ErrNoEmail       = errors.New("the provider sent no email address (is the email scope allowed?)")
+	ErrEmailConflict = errors.New("another account of this provider already uses this email address")
+	ErrEmailTaken    = errors.New("an account with this email address exists, but the provider does not say the address is verified")
+)
+
+// upsertUser returns the user of a signed-in identity, creating or updating
+// it. The identity is issuer + subject; failing that, a user of the same
+// email is linked when the provider vouches for the address (the CLI creates
+// users by email alone, and moving from one provider to another keeps them).
+func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, error) {
+	email := models.NormalizeEmail(id.Email)
+	name := strings.TrimSpace(id.Name)
+	var u models.User
+	err := s.db.WithContext(ctx).Where("issuer = ? AND subject = ?", id.Issuer, id.Subject).Take(&u).Error
+	switch {
+	case err == nil:
+		if email != "" && email != u.Email && id.EmailVerified {
+			if other, err := models.UserByEmail(ctx, s.db, email); errors.Is(err, models.ErrNotFound) {
+				u.Email = email
+			} else if err == nil && other.ID != u.ID {
+				s.log.WarnContext(ctx, "email changed at the provider but is taken here; keeping the old one",
+					"user", u.ID, "email", email)
+			}
+		}
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		if email == "" {
+			return nil, ErrNoEmail
+		}
+		existing, err := models.UserByEmail(ctx, s.db, email)
+		switch {
+		case errors.Is(err, models.ErrNotFound):
+			u = models.User{Email: email}
+		case err != nil:
+			return nil, err
+		case existing.Issuer == id.Issuer && existing.Subject != "":
+			return nil, ErrEmailConflict
+		case !id.EmailVerified:
+			return nil, ErrEmailTaken
+		default:
+			u = *existing
+			s.log.InfoContext(ctx, "linked sign-in identity to existing user by verified email",
+				"user", u.ID, "email", email, "issuer", id.Issuer)
+		}
+		u.Issuer, u.Subject = id.Issuer, id.Subject
+	default:
+		return nil, fmt.Errorf("find user by identity: %w", err)
+	}
+	if name != "" {
+		u.Name = name
+	}
+	if s.admin.configured() {
+		u.Admin = s.admin.IsAdmin(id)
+	}
+	if err := s.db.WithContext(ctx).Save(&u).Error; err != nil {
+		return nil, fmt.Errorf("save user %s: %w", email, err)
+	}
+	return &u, nil
+}

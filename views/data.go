@@ -1,0 +1,91 @@
+// Package views holds Moonji's HTML pages as templ components. They take
+// plain data (this file's types), never database models, so that a page shows
+// exactly what its handler chose to show.
+package views
+
+import (
+	"fmt"
+	"time"
+)
+
+// Page is what every page's layout needs.
+type Page struct {
+	Title string
+	// User is the signed-in person, nil when signed out.
+	User *User
+	// CSRF is the session's CSRF token, sent by htmx in a header and by
+	// plain forms in a hidden field.
+	CSRF string
+}
+
+// User is the signed-in person as pages show them.
+type User struct {
+	Email string
+	Name  string
+	Admin bool
+}
+
+// Key is one row of a key list.
+type Key struct {
+	ID       uint
+	Name     string
+	Prefix   string
+	Owner    string
+	RPM      int
+	Status   string // active, revoked or expired
+	Created  time.Time
+	LastUsed *time.Time
+	Expires  *time.Time
+}
+
+// KeysPage is the keys page: a person's own keys (/keys) or everyone's
+// (/admin/keys, All true).
+type KeysPage struct {
+	Page
+	All  bool
+	Keys []Key
+	// NewSecret is the key just created, shown this once.
+	NewSecret string
+	NewName   string
+	Error     string
+	// Form echoes the create form after an error.
+	Form KeyForm
+}
+
+// KeyForm is the create-key form's values.
+type KeyForm struct {
+	Name        string
+	ExpiresDays int
+	RPM         int
+}
+
+// ExpiryChoices are the create form's expiry options, in days (0: never).
+var ExpiryChoices = []int{0, 7, 30, 90, 365}
+
+// revokeURL is where a row's revoke button posts.
+func revokeURL(all bool, id uint) string {
+	if all {
+		return fmt.Sprintf("/admin/keys/%d/revoke", id)
+	}
+	return fmt.Sprintf("/keys/%d/revoke", id)
+}
+
+// when formats a time for a table cell.
+func when(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04 UTC")
+}
+
+func expiryLabel(days int) string {
+	if days == 0 {
+		return "Never"
+	}
+	return fmt.Sprintf("In %d days", days)
+}
+
+// csrfHeaders is the hx-headers value that makes htmx send the CSRF token.
+func csrfHeaders(token string) string {
+	return fmt.Sprintf(`{"X-CSRF-Token": %q}`, token)
+}

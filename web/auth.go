@@ -1,0 +1,118 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/gofiber/fiber/v2/middleware/filesystem"
+
+	"moonji/handlers"
+	"moonji/internal/auth"
+	"moonji/internal/devidp"
+	"moonji/static"
+)
+
+// devClientID is Moonji's client id at the embedded development provider.
+const devClientID = "moonji"
+
+// devIDPPath is where the embedded development provider is mounted.
+const devIDPPath = "/idp"
+
+// setupAuth mounts sign-in (with the embedded provider when no oidc section
+// is configured), the pages, /api and the static files, and fills h.Auth.
+// Pages and /api accept only a login session; API keys work on /v1 alone.
+func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
+	app := s.App
+	provider := auth.Provider{}
+	admin := auth.AdminRule{}
+	if o := s.Config.OIDC; o != nil {
+		provider = auth.Provider{Issuer: o.Issuer, ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes}
+		admin = auth.AdminRule{Claim: o.AdminClaim, Value: o.AdminValue, Emails: o.AdminEmails}
+	} else {
+		idp, err := s.devProvider(ctx)
+		if err != nil {
+			return err
+		}
+		app.All(devIDPPath+"/*", adaptor.HTTPHandler(idp))
+		provider = auth.Provider{Issuer: s.Config.PublicURL + devIDPPath, ClientID: devClientID,
+			Scopes: []string{"openid", "profile", "email"}}
+		// The provider puts admins (users.admin) in this group, so the dev
+		// path decides admin the same way a real provider's groups would.
+		admin = auth.AdminRule{Claim: "groups", Value: devidp.AdminGroup}
+	}
+	svc, err := auth.New(auth.Options{DB: s.DB, Log: s.log, PublicURL: s.Config.PublicURL, Provider: provider, Admin: admin})
+	if err != nil {
+		return fmt.Errorf("set up sign-in: %w", err)
+	}
+	h.Auth = svc
+	s.limitKeyFailures(svc)
+
+	app.Use("/static", filesystem.New(filesystem.Config{Root: http.FS(static.FS), MaxAge: 300}))
+	app.Get("/", h.Home)
+	app.Get("/login", h.Login)
+	app.Get(auth.CallbackPath, h.Callback)
+	app.Post("/logout", h.Logout)
+
+	api := app.Group("/api", h.RequireAPISession)
+	api.Get("/me", h.Me)
+
+	keys := app.Group("/keys", h.RequirePageSession)
+	keys.Get("", h.Keys)
+	keys.Post("", h.CreateKey)
+	keys.Post("/:id/revoke", h.RevokeKey)
+
+	adminPages := app.Group("/admin", h.RequirePageSession, h.RequireAdmin)
+	adminPages.Get("/keys", h.AdminKeys)
+	adminPages.Post("/keys/:id/revoke", h.AdminRevokeKey)
+	return nil
+}
+
+// devProvider prepares the embedded development provider: it makes sure its
+// admin exists (password from MOONJI_DEV_ADMIN_PASSWORD, else generated and
+// logged once) and returns its handler. The provider itself is built on the
+// first request, because generating its RSA key takes a noticeable moment
+// that a server which nobody signs in to (most tests) need not spend.
+func (s *Server) devProvider(ctx context.Context) (http.Handler, error) {
+	if err := auth.BootstrapDevAdmin(ctx, s.DB, s.log, s.Config.DevIDP.AdminEmail, os.Getenv(auth.DevAdminPasswordEnv)); err != nil {
+		return nil, err
+	}
+	public := s.Config.PublicURL
+	opts := devidp.Options{
+		Issuer: public + devIDPPath,
+		Clients: []devidp.Client{{ID: devClientID, RedirectURIs: []string{public + auth.CallbackPath},
+			PostLogoutRedirectURIs: []string{public + auth.PostLogoutPath}}},
+		Accounts: auth.DevAccounts{DB: s.DB},
+		Logger:   s.log,
+	}
+	s.log.Info("embedded development sign-in provider enabled", "issuer", opts.Issuer, "admin", s.Config.DevIDP.AdminEmail)
+	return &lazyIDP{opts: opts}, nil
+}
+
+// lazyIDP builds the development provider on first use; a failure is
+// answered with 500 and retried on the next request.
+type lazyIDP struct {
+	opts devidp.Options
+	mu   sync.Mutex
+	h    http.Handler
+}
+
+func (l *lazyIDP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	l.mu.Lock()
+	if l.h == nil {
+		p, err := devidp.New(l.opts)
+		if err != nil {
+			l.mu.Unlock()
+			l.opts.Logger.Error("start the development sign-in provider", "err", err)
+			http.Error(w, "sign-in provider unavailable", http.StatusInternalServerError)
+			return
+		}
+		l.h = p.Handler()
+	}
+	h := l.h
+	l.mu.Unlock()
+	h.ServeHTTP(w, detach(r))
+}
