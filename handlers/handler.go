@@ -19,6 +19,7 @@ type Handler struct {
 	DB      *gorm.DB
 	Gateway *gateway.Gateway
 	APIKeys *apikey.Store
+	Stopper *gateway.Stopper
 	Log     *slog.Logger
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
@@ -42,6 +43,9 @@ func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
 	c.Status(r.Status)
 	c.Set(fiber.HeaderContentType, r.ContentType)
 	if r.Stream != nil {
+		// Send the headers (X-Inference-Id among them) at once, not with the
+		// first frame: a client may want to stop before the first token.
+		c.Context().Response.ImmediateHeaderFlush = true
 		c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(r.Stream))
 		return nil
 	}

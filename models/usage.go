@@ -46,6 +46,33 @@ type Usage struct {
 	QueueMs          int64
 	TTFTMs           *int64
 	DurationMs       int64
+	// Replica is the gateway replica that served the request, so that a
+	// restarted or vanished replica's unfinished rows can be closed without
+	// touching those its siblings are still serving.
+	Replica string `gorm:"size:200;index"`
+}
+
+// Replica is a running gateway replica's heartbeat.
+type Replica struct {
+	ID        string `gorm:"primaryKey;size:200"`
+	StartedAt time.Time
+	SeenAt    time.Time `gorm:"index"`
+}
+
+// Heartbeat records that replica id is alive.
+func Heartbeat(ctx context.Context, db *gorm.DB, id string, started time.Time) error {
+	now := time.Now().UTC()
+	res := db.WithContext(ctx).Model(&Replica{}).Where("id = ?", id).Update("seen_at", now)
+	if res.Error != nil {
+		return fmt.Errorf("replica heartbeat: %w", res.Error)
+	}
+	if res.RowsAffected > 0 {
+		return nil
+	}
+	if err := db.WithContext(ctx).Create(&Replica{ID: id, StartedAt: started.UTC(), SeenAt: now}).Error; err != nil {
+		return fmt.Errorf("register replica %s: %w", id, err)
+	}
+	return nil
 }
 
 // UsageByID finds one ledger row.
@@ -63,12 +90,20 @@ func UsageByID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
 
 // CloseUnfinishedUsage closes rows left pending by a crash as errors with
 // reason gateway_restart, so that no request is left without a final row.
-func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB) (int64, error) {
+// It closes the rows of replica self (which has just started again, so
+// nothing of its old life is running) and of every replica whose last
+// heartbeat is older than staleBefore; rows of live siblings are left alone.
+func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB, self string, staleBefore time.Time) (int64, error) {
 	now := time.Now().UTC()
+	live := db.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), self)
 	res := db.WithContext(ctx).Model(&Usage{}).Where("outcome = ?", OutcomePending).
+		Where("replica NOT IN (?)", live).
 		Updates(map[string]any{"outcome": OutcomeError, "reason": "gateway_restart", "finished_at": now, "status": 0})
 	if res.Error != nil {
 		return 0, fmt.Errorf("close unfinished usage rows: %w", res.Error)
+	}
+	if err := db.WithContext(ctx).Where("seen_at < ?", staleBefore.UTC()).Delete(&Replica{}).Error; err != nil {
+		return res.RowsAffected, fmt.Errorf("forget stale replicas: %w", err)
 	}
 	return res.RowsAffected, nil
 }

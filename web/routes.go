@@ -18,4 +18,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Post("/chat/completions", h.ChatCompletions)
 	v1.Get("/models", h.Models)
 	v1.Get("/models/*", h.Model)
+	v1.Post("/inferences/:id/cancel", h.CancelInference)
+
+	// The stop for people authenticates itself (session + CSRF header), so
+	// it does not depend on the /api group's middleware order.
+	app.Post("/api/v1/inference/stop", h.StopInference)
 }

@@ -46,6 +46,51 @@ type Server struct {
 	builtins []*http.Server
 	closers  []func()
 	ln       net.Listener
+	started  time.Time
+	bg       chan struct{} // closed to stop the replica loop
+	bgDone   chan struct{}
+}
+
+// Heartbeats tell siblings this replica is alive; a replica silent for
+// replicaStale is taken for dead and its unfinished rows are closed.
+const (
+	heartbeatEvery = 10 * time.Second
+	replicaStale   = 60 * time.Second
+)
+
+// closeOrphans closes unfinished rows of this replica's previous life and of
+// replicas that stopped sending heartbeats.
+func (s *Server) closeOrphans(ctx context.Context) {
+	n, err := models.CloseUnfinishedUsage(ctx, s.DB, s.Config.ReplicaID, time.Now().Add(-replicaStale))
+	if err != nil {
+		s.log.Error("close unfinished usage rows", "err", err)
+		return
+	}
+	if n > 0 {
+		s.log.Warn("closed usage rows left unfinished by a stopped gateway", "rows", n, "reason", "gateway_restart")
+	}
+}
+
+// replicaLoop sends heartbeats and, now and then, closes orphaned rows.
+func (s *Server) replicaLoop() {
+	defer close(s.bgDone)
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for i := 1; ; i++ {
+		select {
+		case <-s.bg:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := models.Heartbeat(ctx, s.DB, s.Config.ReplicaID, s.started); err != nil {
+			s.log.Warn("replica heartbeat", "err", err)
+		}
+		if i%3 == 0 {
+			s.closeOrphans(ctx)
+		}
+		cancel()
+	}
 }
 
 // New builds a server from cfg: database, ledger, backends, routes. It does
@@ -68,11 +113,14 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	}
 	s.DB = db
 	s.closers = append(s.closers, func() { models.Close(db) })
-	if n, err := models.CloseUnfinishedUsage(ctx, db); err != nil {
+	s.started = time.Now()
+	if err := models.Heartbeat(ctx, db, cfg.ReplicaID, s.started); err != nil {
 		return nil, err
-	} else if n > 0 {
-		log.Warn("closed usage rows left unfinished by a previous run", "rows", n, "reason", "gateway_restart")
 	}
+	s.closeOrphans(ctx)
+	s.bg, s.bgDone = make(chan struct{}), make(chan struct{})
+	go s.replicaLoop()
+	s.closers = append(s.closers, func() { close(s.bg); <-s.bgDone })
 
 	s.Ledger = ledger.New(db, log)
 	s.closers = append(s.closers, s.Ledger.Close)
@@ -121,7 +169,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	s.Gateway = gateway.New(gateway.Options{
 		Routes: routes, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
-		Stops: s.Stops, Log: log,
+		Stops: s.Stops, Replica: cfg.ReplicaID, Log: log,
 	})
 
 	s.App = fiber.New(fiber.Config{
@@ -132,7 +180,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		IdleTimeout:           120 * time.Second,
 		ErrorHandler:          s.errorHandler,
 	})
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log}
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log,
+		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {
 		return nil, err

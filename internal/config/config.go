@@ -29,7 +29,10 @@ const (
 
 // Config is the whole configuration file.
 type Config struct {
-	Listen      string    `yaml:"listen"`
+	Listen string `yaml:"listen"`
+	// ReplicaID names this gateway replica in the ledger; default
+	// hostname/listen, which stays the same across restarts of one instance.
+	ReplicaID   string    `yaml:"replica_id"`
 	PublicURL   string    `yaml:"public_url"`
 	DatabaseURL string    `yaml:"database_url"`
 	RedisURL    string    `yaml:"redis_url"`
@@ -145,6 +148,9 @@ func (c *Config) applyEnv() {
 	if v, ok := os.LookupEnv("MOONJI_REDIS_URL"); ok {
 		c.RedisURL = v
 	}
+	if v := os.Getenv("MOONJI_REPLICA_ID"); v != "" {
+		c.ReplicaID = v
+	}
 	if v := os.Getenv("MOONJI_PUBLIC_URL"); v != "" {
 		c.PublicURL = v
 	}
@@ -193,6 +199,10 @@ func (c *Config) applyDefaults() {
 	}
 	if c.PublicURL == "" {
 		c.PublicURL = "http://" + c.Listen
+	}
+	if c.ReplicaID == "" {
+		host, _ := os.Hostname()
+		c.ReplicaID = host + "/" + c.Listen
 	}
 	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
 	if c.OIDC != nil && len(c.OIDC.Scopes) == 0 {

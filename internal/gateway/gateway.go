@@ -76,6 +76,7 @@ type Gateway struct {
 	limiter *ratelimit.Limiter
 	limit   ratelimit.Limit
 	stops   *stop.Service
+	replica string
 	log     *slog.Logger
 }
 
@@ -88,13 +89,15 @@ type Options struct {
 	Limiter *ratelimit.Limiter
 	Limit   ratelimit.Limit // default per key / per user
 	Stops   *stop.Service
+	// Replica names this replica in the rows it writes.
+	Replica string
 	Log     *slog.Logger
 }
 
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
-		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, log: o.Log}
+		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, log: o.Log}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -158,7 +161,7 @@ func (g *Gateway) row(call Call, model, backend string) models.Usage {
 	p := call.Principal
 	row := models.Usage{
 		InferenceID: call.ID, CreatedAt: call.Start.UTC(), User: p.Email, KeyID: p.KeyID,
-		Source: p.Source, Model: model, Backend: backend,
+		Source: p.Source, Model: model, Backend: backend, Replica: g.replica,
 	}
 	if p.UserID != 0 {
 		uid := p.UserID
