@@ -339,3 +339,24 @@ func TestOneLedgerRowPerOutcome(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// Frames reach the client as the engine writes them, not at the end.
+func TestStreamIsNotBuffered(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
+	s := startStream(t, e, e.Key, `{"model":"m1","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"x"}],"mock":{"tps":20}}`)
+	s.wait(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var first, last time.Time
+	for _, f := range s.frames {
+		if f.content {
+			if first.IsZero() {
+				first = f.at
+			}
+			last = f.at
+		}
+	}
+	if spread := last.Sub(first); spread < 300*time.Millisecond {
+		t.Errorf("10 tokens at 20/s arrived within %v: the relay buffers", spread)
+	}
+}

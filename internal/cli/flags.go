@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"gorm.io/gorm"
+
 	"moonji/internal/config"
+	"moonji/models"
 )
 
 // newFlagSet returns a flag set with the --config flag every subcommand takes.
@@ -54,4 +57,13 @@ func parseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("invalid duration %q (want e.g. 720h or 30d)", s)
 	}
 	return d, nil
+}
+
+// openFor opens the database of the configuration at path.
+func openFor(path string) (*gorm.DB, error) {
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	return models.Open(cfg.DatabaseURL)
 }

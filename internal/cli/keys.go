@@ -54,11 +54,7 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if *rpm < 0 {
 		return fmt.Errorf("%w: --rpm must not be negative", ErrUsage)
 	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	db, err := models.Open(cfg.DatabaseURL)
+	db, err := openFor(*path)
 	if err != nil {
 		return err
 	}
@@ -83,11 +79,7 @@ func keysList(ctx context.Context, args []string, stdout io.Writer) error {
 	} else if len(pos) > 0 {
 		return fmt.Errorf("%w: keys list takes no arguments", ErrUsage)
 	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	db, err := models.Open(cfg.DatabaseURL)
+	db, err := openFor(*path)
 	if err != nil {
 		return err
 	}
@@ -130,11 +122,7 @@ func keysRevoke(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: key ID must be a number, got %q", ErrUsage, pos[0])
 	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	db, err := models.Open(cfg.DatabaseURL)
+	db, err := openFor(*path)
 	if err != nil {
 		return err
 	}

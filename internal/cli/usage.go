@@ -82,11 +82,7 @@ func cmdUsage(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --since: %v", ErrUsage, err)
 	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	db, err := models.Open(cfg.DatabaseURL)
+	db, err := openFor(*path)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,136 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEmbeddedDefault(t *testing.T) {
+	for _, k := range []string{"MOONJI_LISTEN", "MOONJI_DATABASE_URL", "MOONJI_REDIS_URL", "MOONJI_PUBLIC_URL"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	c, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:8080" || c.DatabaseURL != "sqlite://data/moonji.db" || c.RedisURL != "" ||
+		c.RateLimit.RequestsPerMinute != 60 || c.OIDC != nil {
+		t.Errorf("default = %+v", c)
+	}
+	if len(c.Models) != 1 || c.Models[0].Name != DemoModel || c.Backends[0].Kind != KindBuiltin || c.Backends[0].TokensPerSecond != 30 {
+		t.Errorf("default models/backends = %+v / %+v", c.Models, c.Backends)
+	}
+}
+
+func TestFileAndEnvironment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	os.WriteFile(path, []byte(`listen: 127.0.0.1:9000
+database_url: postgres://u@db/moonji
+rate_limit: {requests_per_minute: 10, tokens_per_minute: 5000}
+backends:
+  - {name: vllm, kind: openai, url: http://127.0.0.1:8000/v1, max_concurrency: 16, max_queue: 32, queue_timeout: 30s}
+  - {name: ollama, url: http://127.0.0.1:11434/v1, max_concurrency: 1, max_queue: 16}
+models:
+  - {name: qwen3-8b, backend: vllm, upstream_model: Qwen/Qwen3-8B}
+  - {name: llama, backend: ollama}
+`), 0o600)
+	t.Setenv("MOONJI_LISTEN", "127.0.0.1:9100")
+	t.Setenv("MOONJI_REDIS_URL", "redis://127.0.0.1:6379/2")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:9100" || c.RedisURL != "redis://127.0.0.1:6379/2" || c.DatabaseURL != "postgres://u@db/moonji" {
+		t.Errorf("env overrides: %+v", c)
+	}
+	b := c.Backends[1]
+	if b.Kind != KindOpenAI || b.MaxConcurrency != 1 || b.MaxQueue != 16 || b.QueueTimeout != 30*time.Second {
+		t.Errorf("ollama backend = %+v", b)
+	}
+	if c.Models[0].UpstreamModel != "Qwen/Qwen3-8B" || c.RateLimit.TokensPerMinute != 5000 {
+		t.Errorf("models = %+v", c.Models)
+	}
+	if c.PublicURL != "http://127.0.0.1:9100" || !strings.HasSuffix(c.ReplicaID, "/127.0.0.1:9100") {
+		t.Errorf("derived: public %q replica %q", c.PublicURL, c.ReplicaID)
+	}
+}
+
+func TestValidationNamesTheKey(t *testing.T) {
+	cases := map[string]string{
+		"listen: nowhere":                       "listen: want host:port",
+		"database_url: mysql://x":               "database_url: want sqlite://PATH or postgres://",
+		"redis_url: localhost:6379":             "redis_url: want redis://",
+		"rate_limit: {requests_per_minute: -1}": "rate_limit.requests_per_minute: must not be negative",
+		"backends: [{name: a, url: ftp://x}]\nmodels: [{name: m, backend: a}]":                            "backends[0].url: want an absolute http(s) URL",
+		"backends: [{name: a, kind: magic}]\nmodels: [{name: m, backend: a}]":                             `backends[0].kind: unknown kind "magic"`,
+		"backends: [{name: a, url: http://x/v1}, {name: a, url: http://y/v1}]":                            `backends[1].name: duplicate backend "a"`,
+		"backends: [{name: a, url: http://x/v1}]\nmodels: [{name: m, backend: a}, {name: m, backend: a}]": `models[1].name: duplicate model "m"`,
+		"backends: [{name: a, url: http://x/v1, max_concurrency: -2}]":                                    "backends[0].max_concurrency: must be at least 1",
+		"listen: 0.0.0.0:8080":            "dev_idp: the embedded development login provider refuses",
+		"oidc: {client_id: x}":            "oidc.issuer: is required",
+		"stop: {ttl: 1m}\nunknown_key: 1": "unknown_key",
+	}
+	for yaml, want := range cases {
+		path := filepath.Join(t.TempDir(), "m.yaml")
+		os.WriteFile(path, []byte(yaml), 0o600)
+		_, err := Load(path)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: err = %v, want it to contain %q", yaml, err, want)
+		}
+	}
+	// Deliberately allowed.
+	path := filepath.Join(t.TempDir(), "ok.yaml")
+	os.WriteFile(path, []byte("listen: 0.0.0.0:8080\ndev_idp: {allow_non_loopback: true}\n"), 0o600)
+	if _, err := Load(path); err != nil {
+		t.Errorf("allow_non_loopback: %v", err)
+	}
+}
+
+func TestDatabaseDriverHidesPasswords(t *testing.T) {
+	_, _, err := DatabaseDriver("mysql://root:hunter2@db/x")
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// The shipped example loads, and documents every key the code knows.
+func TestExampleDocumentsEveryKey(t *testing.T) {
+	const example = "../../moonji.example.yaml"
+	if _, err := Load(example); err != nil {
+		t.Fatalf("the example does not load: %v", err)
+	}
+	raw, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range yamlKeys(reflect.TypeOf(Config{})) {
+		if !strings.Contains(string(raw), key+":") {
+			t.Errorf("moonji.example.yaml does not mention %q", key)
+		}
+	}
+}
+
+func yamlKeys(t reflect.Type) []string {
+	var keys []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := strings.Split(f.Tag.Get("yaml"), ",")[0]
+		if name == "" || name == "-" {
+			continue
+		}
+		keys = append(keys, name)
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct && ft != reflect.TypeOf(time.Time{}) {
+			keys = append(keys, yamlKeys(ft)...)
+		}
+	}
+	return keys
+}
