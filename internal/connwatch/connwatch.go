@@ -40,14 +40,20 @@ func Watch(conn net.Conn, onClose func()) (stop func()) {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			// An expired deadline wakes the parked watcher; then the
-			// connection gets its normal (no) deadline back.
+			// An expired deadline wakes the parked watcher. The server then
+			// needs a deadline again: fasthttp skips re-arming one it thinks
+			// is still recent, so leave a generous one rather than none,
+			// which would let an idle keep-alive connection live forever.
 			_ = conn.SetReadDeadline(time.Unix(1, 0))
 			<-done
-			_ = conn.SetReadDeadline(time.Time{})
+			_ = conn.SetReadDeadline(time.Now().Add(RestoredDeadline))
 		})
 	}
 }
+
+// RestoredDeadline is the read deadline a connection gets when a watch
+// ends; the server sets its own when it next reads a request.
+const RestoredDeadline = 2 * time.Minute
 
 // peerClosed blocks until the socket is readable or its read deadline
 // passes, and reports whether the peer closed it.

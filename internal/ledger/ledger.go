@@ -181,7 +181,48 @@ func (l *Ledger) write(batch []op) {
 			}
 		}
 	}
-	err := l.db.Transaction(func(tx *gorm.DB) error {
+	err := l.commit(inserts, updates)
+	var failed map[string]error // per row, when the batch had to be split
+	if err != nil && len(inserts)+len(updates) > 1 {
+		failed = map[string]error{}
+		// One bad row must not cost the others theirs: write them one by
+		// one, so that only the row that fails is lost (and logged).
+		l.log.Warn("usage batch failed; writing rows one by one", "rows", len(inserts)+len(updates), "err", err)
+		err = nil
+		for i := range inserts {
+			if e := l.commit(inserts[i:i+1], nil); e != nil {
+				l.log.Error("usage row lost", "inference_id", inserts[i].InferenceID, "err", e)
+				failed[inserts[i].InferenceID] = e
+			}
+		}
+		for i := range updates {
+			if e := l.commit(nil, updates[i:i+1]); e != nil {
+				l.log.Error("usage row not finished", "inference_id", updates[i].InferenceID, "err", e)
+				failed[updates[i].InferenceID] = e
+			}
+		}
+	}
+	if err != nil && failed == nil {
+		l.log.Error("usage row lost", "rows", len(inserts)+len(updates), "err", err)
+	}
+	for _, o := range batch {
+		if o.done == nil {
+			continue
+		}
+		if failed != nil {
+			o.done <- failed[o.row.InferenceID]
+		} else {
+			o.done <- err
+		}
+	}
+	if l.onWrite != nil {
+		l.onWrite(len(inserts)+len(updates), time.Since(start), err)
+	}
+}
+
+// commit writes inserts and updates in one transaction.
+func (l *Ledger) commit(inserts, updates []models.Usage) error {
+	return l.db.Transaction(func(tx *gorm.DB) error {
 		if len(inserts) > 0 {
 			if err := tx.CreateInBatches(inserts, 100).Error; err != nil {
 				return fmt.Errorf("insert %d usage rows: %w", len(inserts), err)
@@ -199,15 +240,4 @@ func (l *Ledger) write(batch []op) {
 		}
 		return nil
 	})
-	if err != nil {
-		l.log.Error("write usage rows", "rows", len(batch), "err", err)
-	}
-	for _, o := range batch {
-		if o.done != nil {
-			o.done <- err
-		}
-	}
-	if l.onWrite != nil {
-		l.onWrite(len(inserts)+len(updates), time.Since(start), err)
-	}
 }
