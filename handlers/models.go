@@ -21,7 +21,7 @@ var started = time.Now().Unix()
 // Models serves GET /v1/models: the configured model names.
 func (h *Handler) Models(c *fiber.Ctx) error {
 	if _, err := h.principal(c); err != nil {
-		return apiError(c, http.StatusUnauthorized, err.Error(), "invalid_request_error", "invalid_api_key")
+		return authFailed(c, err)
 	}
 	data := make([]modelObject, 0, len(h.Gateway.Models()))
 	for _, m := range h.Gateway.Models() {
@@ -33,7 +33,7 @@ func (h *Handler) Models(c *fiber.Ctx) error {
 // Model serves GET /v1/models/{id}.
 func (h *Handler) Model(c *fiber.Ctx) error {
 	if _, err := h.principal(c); err != nil {
-		return apiError(c, http.StatusUnauthorized, err.Error(), "invalid_request_error", "invalid_api_key")
+		return authFailed(c, err)
 	}
 	id := c.Params("*")
 	for _, m := range h.Gateway.Models() {

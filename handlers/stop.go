@@ -45,7 +45,7 @@ func (h *Handler) StopInference(c *fiber.Ctx) error {
 func (h *Handler) CancelInference(c *fiber.Ctx) error {
 	p, err := h.principal(c)
 	if err != nil {
-		return apiError(c, http.StatusUnauthorized, err.Error(), "invalid_request_error", "invalid_api_key")
+		return authFailed(c, err)
 	}
 	return h.stop(c, p, c.Params("id"), -1)
 }

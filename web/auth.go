@@ -49,7 +49,6 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		return fmt.Errorf("set up sign-in: %w", err)
 	}
 	h.Auth = svc
-	s.limitKeyFailures(svc)
 
 	app.Use("/static", filesystem.New(filesystem.Config{Root: http.FS(static.FS), MaxAge: 300}))
 	app.Get("/", h.Home)

@@ -360,6 +360,10 @@ func TestFailedKeysAreLimited(t *testing.T) {
 	if r.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "Too many failed authentications") {
 		t.Fatalf("after 30 failures: %d %s, want 429", r.StatusCode, body)
 	}
+	// Refused, but still one ledger row like every request.
+	if row := e.final(r.Header.Get("X-Inference-Id")); row.Outcome != "rejected" || row.Reason != "auth_blocked" || row.Status != 429 {
+		t.Errorf("blocked request's row = %+v", row)
+	}
 	// Requests without credentials are not the limiter's business.
 	if resp, _ := e.fetch(browser(t), http.MethodGet, "/healthz", nil, nil); resp.StatusCode != 200 {
 		t.Errorf("/healthz from a blocked address: %d", resp.StatusCode)

@@ -36,6 +36,17 @@ var (
 	ErrExpired   = errors.New("API key expired")
 )
 
+// PublicPrefix returns the part of a presented key that lists show ("mj-"
+// and eight characters): enough to tell which key was used, useless to an
+// attacker. Anything that does not look like a Moonji key gives a
+// placeholder, so that no other secret reaches a log.
+func PublicPrefix(presented string) string {
+	if !strings.HasPrefix(presented, Prefix) || len(presented) < prefixLen+8 {
+		return "(not a moonji key)"
+	}
+	return presented[:prefixLen]
+}
+
 // Generate returns a new secret key and its SHA-256 hash.
 func Generate() (secret, hash string, err error) {
 	var b [32]byte
