@@ -5,11 +5,14 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/moonji .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/moonji . && mkdir -p /out/data
 
 # Run: no shell, no package manager, a non-root user, data on a volume.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/moonji /usr/local/bin/moonji
+# The data directory belongs to the non-root user (65532 in distroless), or
+# SQLite could not write there.
+COPY --from=build --chown=65532:65532 /out/data /var/lib/moonji
 WORKDIR /var/lib/moonji
 VOLUME ["/var/lib/moonji"]
 ENV MOONJI_LISTEN=0.0.0.0:8080 \
