@@ -21,6 +21,7 @@ import (
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
+	"moonji/internal/testredis"
 	"moonji/models"
 )
 
@@ -379,6 +380,11 @@ func TestStopDuringRedisRestart(t *testing.T) {
 func TestNoRedisCommandsPerToken(t *testing.T) {
 	for _, real := range realModes(t) {
 		t.Run(modeName(real), func(t *testing.T) {
+			if real {
+				// A private server: the shared one also serves the other
+				// packages' tests, running at the same time.
+				t.Setenv("MOONJI_TEST_REDIS_URL", testredis.Start(t))
+			}
 			c := startCluster(t, 1, real)
 			a := c.replicas[0]
 			count := func() int {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/testredis"
 )
 
 // envRedisURL names a real Redis to run the Redis tests against as well as
@@ -41,6 +43,19 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, be *backend)) {
 	t.Run("miniredis", func(t *testing.T) { fn(t, newMiniBackend(t)) })
 	if os.Getenv(envRedisURL) != "" {
 		t.Run("redis", func(t *testing.T) { fn(t, newRealBackend(t)) })
+	}
+}
+
+// forEachIsolatedBackend is forEachBackend for tests that count the
+// server's commands: the real variant runs on a private redis-server, since
+// the shared one also serves the other packages' tests at the same time.
+func forEachIsolatedBackend(t *testing.T, fn func(t *testing.T, be *backend)) {
+	t.Run("miniredis", func(t *testing.T) { fn(t, newMiniBackend(t)) })
+	if os.Getenv(envRedisURL) != "" {
+		t.Run("redis", func(t *testing.T) {
+			t.Setenv(envRedisURL, testredis.Start(t))
+			fn(t, newRealBackend(t))
+		})
 	}
 }
 

@@ -347,7 +347,7 @@ func TestConcurrentDoubleStop(t *testing.T) {
 // streams each check 100 times; the server sees no command at all. Starting
 // a stream costs exactly one (the stop-key check).
 func TestNoRedisCommandsPerToken(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {
 		// No PINGs during the test.
 		cfg := replicaConfig{bus: RedisOptions{PingInterval: time.Hour}}
 		a := newReplica(t, be, "A", cfg)
