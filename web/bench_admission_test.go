@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
 )
@@ -17,20 +19,22 @@ import (
 // BenchmarkRejectLatency measures what admission costs a request that is
 // refused: an open loop of MOONJI_BENCH_RPS (default 2000) req/s for
 // MOONJI_BENCH_SECONDS (default 3), after a one-second warm-up, every one of
-// which must be refused.
+// which must be refused. Sub-benchmarks:
 //
-//	go test ./web -run '^$' -bench RejectLatency -benchtime 1x
-//
-//   - queue_full: the backend has max_concurrency 1 and max_queue 0, and its
-//     one slot is held by a request the engine never answers (mock "hang"):
-//     503 queue_full.
+//   - queue_full: the backend has max_concurrency 1 and max_queue 1, its slot
+//     and its queue place held by requests the engine never answers (mock
+//     "hang"): 503 queue_full.
 //   - rate_limited/memory: a key with rpm 1 that has used its request: 429,
 //     with the in-memory limiter.
 //   - rate_limited/redis: the same with the limiter in Redis
 //     (MOONJI_TEST_REDIS_URL; skipped when unset).
-//   - baseline/healthz: the same load on GET-less POST /healthz-like path is
-//     not available, so the floor is the unknown-model 404, which takes the
-//     same route (key look-up, body parse, rejected row) without admission.
+//   - baseline/unknown_model: the floor, a 404 for an unknown model, which
+//     takes the same route up to the routing decision (key look-up, body
+//     parse, a rejected row) without rate limit or admission.
+//
+// Run it with:
+//
+//	go test ./web -run '^$' -bench RejectLatency -benchtime 1x
 func BenchmarkRejectLatency(b *testing.B) {
 	rps := envInt("MOONJI_BENCH_RPS", 2000)
 	secs := envInt("MOONJI_BENCH_SECONDS", 3)
@@ -58,20 +62,37 @@ func BenchmarkRejectLatency(b *testing.B) {
 		mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, MaxRecords: 100, Logger: quietLog()})
 		ms := httptest.NewServer(mock)
 		defer ms.Close()
+		defer ms.CloseClientConnections() // ends the hanging requests
+		// max_queue: 0 in the configuration means "the default, 32" (see
+		// BENCHMARKS.md), so the queue has one place, taken by a second
+		// hanging request that never times out.
 		e := startBenchGateway(b, ms.URL, mock, func(c *config.Config) {
-			c.Backends[0].MaxConcurrency, c.Backends[0].MaxQueue = 1, 0
+			c.Backends[0].MaxConcurrency, c.Backends[0].MaxQueue, c.Backends[0].QueueTimeout = 1, 1, time.Hour
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() {
-			if resp, err := httpPost(ctx, e.URL, e.Key, `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"hang":true,"tag":"hold"}}`); err == nil {
-				resp.Body.Close()
+		for i, tag := range []string{"hold", "queued"} {
+			go func() {
+				if resp, err := httpPost(ctx, e.URL, e.Key, `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"hang":true,"tag":"`+tag+`"}}`); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			if i == 0 {
+				wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := mock.WaitFor(wctx, "hold", func(mockllm.Record) bool { return true })
+				wcancel()
+				if err != nil {
+					b.Fatalf("the slot holder never reached the engine: %v", err)
+				}
 			}
-		}()
-		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer wcancel()
-		if _, err := mock.WaitFor(wctx, "hold", func(mockllm.Record) bool { return true }); err != nil {
-			b.Fatalf("the slot holder never reached the engine: %v", err)
+		}
+		// Wait for the second one to take the queue's place.
+		deadline := time.Now().Add(5 * time.Second)
+		for testutil.ToFloat64(e.srv.Metrics.Queued.WithLabelValues("mock")) != 1 {
+			if time.Now().After(deadline) {
+				b.Fatal("the queue never filled")
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 		run(b, e.testEnv, e.Key, body, http.StatusServiceUnavailable)
 	})
@@ -102,6 +123,25 @@ func BenchmarkRejectLatency(b *testing.B) {
 		defer ms.Close()
 		e := startBenchGateway(b, ms.URL, mock)
 		run(b, e.testEnv, e.Key, `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, http.StatusNotFound)
+	})
+
+	// The HTTP floor: the same load on GET /healthz (no key, no database),
+	// client and server on the same two cores.
+	b.Run("baseline/healthz", func(b *testing.B) {
+		mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, MaxRecords: 100, Logger: quietLog()})
+		ms := httptest.NewServer(mock)
+		defer ms.Close()
+		e := startBenchGateway(b, ms.URL, mock)
+		client := benchClient()
+		spec := loadSpec{URL: e.URL + "/healthz", Method: http.MethodGet, RPS: rps, Want: http.StatusOK}
+		for b.Loop() {
+			openLoop(client, spec.with(time.Second))
+			r := openLoop(client, spec.with(time.Duration(secs)*time.Second))
+			fmt.Fprintf(os.Stderr, "%s at %d req/s for %ds (%d CPUs): %s\n", b.Name(), rps, secs, runtime.NumCPU(), r)
+			b.ReportMetric(us(pct(r.Lat, 50)), "p50-µs")
+			b.ReportMetric(us(pct(r.Lat, 99)), "p99-µs")
+			b.ReportMetric(float64(r.Errs), "unexpected")
+		}
 	})
 }
 
