@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 	"gorm.io/gorm"
 
 	"moonji/internal/apikey"
@@ -32,8 +31,8 @@ func apiError(c *fiber.Ctx, status int, message, typ, code string) error {
 	return c.Status(status).Send(gateway.ErrorBody(message, typ, code))
 }
 
-// writeResponse writes a gateway response. A streamed body is written by
-// fasthttp after the handler returns; the stream function must not touch c.
+// writeResponse writes a gateway response. A streamed body is pulled by
+// fasthttp after the handler returns, chunk by chunk, each flushed.
 func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
 	for k, vs := range r.Header {
 		for _, v := range vs {
@@ -42,11 +41,11 @@ func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
 	}
 	c.Status(r.Status)
 	c.Set(fiber.HeaderContentType, r.ContentType)
-	if r.Stream != nil {
+	if r.BodyStream != nil {
 		// Send the headers (X-Inference-Id among them) at once, not with the
 		// first frame: a client may want to stop before the first token.
 		c.Context().Response.ImmediateHeaderFlush = true
-		c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(r.Stream))
+		c.Context().SetBodyStream(r.BodyStream, -1)
 		return nil
 	}
 	return c.Send(r.Body)

@@ -90,12 +90,14 @@ func UsageByID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
 
 // CloseUnfinishedUsage closes rows left pending by a crash as errors with
 // reason gateway_restart, so that no request is left without a final row.
-// It closes the rows of replica self (which has just started again, so
-// nothing of its old life is running) and of every replica whose last
-// heartbeat is older than staleBefore; rows of live siblings are left alone.
-func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB, self string, staleBefore time.Time) (int64, error) {
+// It closes the rows of every replica whose last heartbeat is older than
+// staleBefore; rows of live replicas are left alone. At start-up, a replica
+// passes its own id as restarted: its old rows are orphans, since nothing of
+// its previous life is running. Afterwards it passes "", so that its own
+// running requests count as live.
+func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB, restarted string, staleBefore time.Time) (int64, error) {
 	now := time.Now().UTC()
-	live := db.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), self)
+	live := db.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), restarted)
 	res := db.WithContext(ctx).Model(&Usage{}).Where("outcome = ?", OutcomePending).
 		Where("replica NOT IN (?)", live).
 		Updates(map[string]any{"outcome": OutcomeError, "reason": "gateway_restart", "finished_at": now, "status": 0})

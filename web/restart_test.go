@@ -53,5 +53,17 @@ func TestUnfinishedRowsClosedAtStart(t *testing.T) {
 		if row := e.final(resp.Header.Get("X-Inference-Id")); row.Replica != "me" {
 			t.Errorf("row replica %q", row.Replica)
 		}
+
+		// The periodic clean-up of a running replica leaves its own running
+		// requests (and its live sibling's) alone.
+		e.DB.Create(&models.Usage{InferenceID: "inf_running", CreatedAt: now, Outcome: models.OutcomePending, Replica: "me"})
+		if _, err := models.CloseUnfinishedUsage(context.Background(), e.DB, "", time.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"inf_running", "inf_sibling"} {
+			if row, _ := models.UsageByID(context.Background(), e.DB, id); row.Outcome != models.OutcomePending {
+				t.Errorf("%s of a live replica was closed: %+v", id, row)
+			}
+		}
 	})
 }

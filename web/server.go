@@ -58,10 +58,11 @@ const (
 	replicaStale   = 60 * time.Second
 )
 
-// closeOrphans closes unfinished rows of this replica's previous life and of
-// replicas that stopped sending heartbeats.
-func (s *Server) closeOrphans(ctx context.Context) {
-	n, err := models.CloseUnfinishedUsage(ctx, s.DB, s.Config.ReplicaID, time.Now().Add(-replicaStale))
+// closeOrphans closes unfinished rows of replicas that stopped sending
+// heartbeats and, at start-up (restarted = this replica's id), those of
+// this replica's previous life.
+func (s *Server) closeOrphans(ctx context.Context, restarted string) {
+	n, err := models.CloseUnfinishedUsage(ctx, s.DB, restarted, time.Now().Add(-replicaStale))
 	if err != nil {
 		s.log.Error("close unfinished usage rows", "err", err)
 		return
@@ -87,7 +88,7 @@ func (s *Server) replicaLoop() {
 			s.log.Warn("replica heartbeat", "err", err)
 		}
 		if i%3 == 0 {
-			s.closeOrphans(ctx)
+			s.closeOrphans(ctx, "") // this replica is alive: its rows stay
 		}
 		cancel()
 	}
@@ -117,7 +118,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	if err := models.Heartbeat(ctx, db, cfg.ReplicaID, s.started); err != nil {
 		return nil, err
 	}
-	s.closeOrphans(ctx)
+	s.closeOrphans(ctx, cfg.ReplicaID)
 	s.bg, s.bgDone = make(chan struct{}), make(chan struct{})
 	go s.replicaLoop()
 	s.closers = append(s.closers, func() { close(s.bg); <-s.bgDone })

@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -129,8 +130,9 @@ type Response struct {
 	ContentType string
 	Header      http.Header
 	Body        []byte
-	// Stream, when set, writes the body; it runs after the headers are out.
-	Stream func(w *bufio.Writer)
+	// BodyStream, when set, is the body, pulled by the server after the
+	// headers are out; the server closes it when done.
+	BodyStream io.ReadCloser
 }
 
 // Cancellation causes, told apart when the upstream call ends early.
@@ -317,8 +319,7 @@ func (x *exchange) run(body []byte) *Response {
 			resp.Body.Close()
 			return x.internalError(err)
 		}
-		return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(),
-			Stream: func(w *bufio.Writer) { x.relay(resp, w) }}
+		return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
 	}
 	return x.whole(resp)
 }
@@ -380,9 +381,11 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	return &Response{Status: resp.StatusCode, ContentType: ct, Header: x.hdr, Body: data}
 }
 
-// relay streams the engine's SSE answer to the client.
-func (x *exchange) relay(resp *http.Response, w *bufio.Writer) {
-	defer resp.Body.Close()
+// stream relays the engine's SSE answer to the client. The server pulls
+// frames from it; the request is finished once the closing bytes have been
+// written to the client's socket (or the client has gone), so that a stop is
+// acknowledged only when nothing more can follow it.
+func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	opts := proxy.RelayOptions{
 		StripUsage: !x.req.ClientWantsUsage,
 		OnContent: func(n int) {
@@ -394,8 +397,25 @@ func (x *exchange) relay(resp *http.Response, w *bufio.Writer) {
 	if x.run_ != nil {
 		opts.Stopped = x.run_.Stopped
 	}
-	src := bufio.NewReaderSize(resp.Body, 32<<10)
-	res := proxy.Relay(w, src, opts)
+	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 32<<10), opts)
+	decided := false
+	s.End = func(res *proxy.RelayResult) []byte {
+		decided = true
+		return x.closing(res)
+	}
+	s.Done = func(res *proxy.RelayResult, delivered bool) {
+		resp.Body.Close()
+		if !decided {
+			x.closing(res) // the client left mid-stream
+		}
+		x.finish()
+	}
+	return s
+}
+
+// closing decides the outcome of a relayed stream and returns the bytes
+// that end it for the client.
+func (x *exchange) closing(res *proxy.RelayResult) []byte {
 	x.row.Status = http.StatusOK
 	x.row.CompletionTokens = res.ContentChunks
 	x.row.UsageSource = models.UsageFromCounted
@@ -410,43 +430,40 @@ func (x *exchange) relay(resp *http.Response, w *bufio.Writer) {
 	switch {
 	case res.Done:
 		x.row.Outcome = models.OutcomeSuccess
+		return nil
 	case res.Stopped || errors.Is(cause, errStopped):
 		x.row.Outcome, x.row.Reason = models.OutcomeStopped, "stop_requested"
-		x.endStopped(w, res)
+		return x.stoppedEnding(res)
 	case res.ClientErr != nil || errors.Is(cause, errClientLeft):
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
+		return nil
 	case errors.Is(cause, context.DeadlineExceeded) || errors.Is(x.ctx.Err(), context.DeadlineExceeded):
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_timeout"
-		x.writeFinal(w, proxy.ErrorFrame("The backend took too long to answer.", "upstream_error", "upstream_timeout"))
+		return proxy.ErrorFrame("The backend took too long to answer.", "upstream_error", "upstream_timeout")
 	default:
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_disconnected"
-		x.writeFinal(w, proxy.ErrorFrame("The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected"))
+		return proxy.ErrorFrame("The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected")
 	}
-	x.finish()
 }
 
-// endStopped closes a stopped stream cleanly: the usage chunk if the client
-// asked for one (with what was delivered), then [DONE].
-func (x *exchange) endStopped(w *bufio.Writer, res proxy.RelayResult) {
+// stoppedEnding closes a stopped stream cleanly: the usage chunk if the
+// client asked for one (with what was delivered, or what the person saw),
+// then [DONE].
+func (x *exchange) stoppedEnding(res *proxy.RelayResult) []byte {
 	if seen, ok := x.run_.Seen(); ok && seen < x.row.CompletionTokens {
 		x.row.CompletionTokens = seen
 	}
 	x.row.UsageSource = models.UsageFromCounted
+	var b []byte
 	if x.req.ClientWantsUsage {
-		id, model := res.ID, res.Model
+		model := res.Model
 		if model == "" {
 			model = x.req.Model
 		}
-		_, _ = w.Write(proxy.UsageChunk(id, model, res.Created,
-			proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens}))
+		b = proxy.UsageChunk(res.ID, model, res.Created,
+			proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})
 	}
-	x.writeFinal(w, proxy.DoneFrame)
-}
-
-func (x *exchange) writeFinal(w *bufio.Writer, frame []byte) {
-	if _, err := w.Write(frame); err == nil {
-		_ = w.Flush()
-	}
+	return append(b, proxy.DoneFrame...)
 }
 
 func (x *exchange) admissionFailed(err error) *Response {
@@ -505,13 +522,13 @@ func (x *exchange) upstreamFailed(err error) *Response {
 // empty completion, so clients end normally.
 func (x *exchange) stoppedBeforeAnswer() *Response {
 	if x.req.Stream {
+		var b []byte
+		if x.req.ClientWantsUsage {
+			b = proxy.UsageChunk("chatcmpl-"+x.call.ID, x.req.Model, x.call.Start.Unix(), proxy.Usage{})
+		}
+		b = append(b, proxy.DoneFrame...)
 		return &Response{Status: http.StatusOK, ContentType: "text/event-stream; charset=utf-8", Header: x.streamHeader(),
-			Stream: func(w *bufio.Writer) {
-				if x.req.ClientWantsUsage {
-					_, _ = w.Write(proxy.UsageChunk("chatcmpl-"+x.call.ID, x.req.Model, x.call.Start.Unix(), proxy.Usage{}))
-				}
-				x.writeFinal(w, proxy.DoneFrame)
-			}}
+			BodyStream: io.NopCloser(bytes.NewReader(b))}
 	}
 	body := fmt.Sprintf(`{"id":"chatcmpl-%s","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}`,
 		x.call.ID, x.call.Start.Unix(), x.req.Model)

@@ -28,8 +28,8 @@ type RelayOptions struct {
 	// true the relay ends without writing the frame. It must be cheap: it
 	// runs once per token.
 	Stopped func() bool
-	// OnContent is called after each content chunk has been flushed, with
-	// the number delivered so far (1 for the first: time to first token).
+	// OnContent is called when a content chunk is handed to the client,
+	// with the number so far (1 for the first: time to first token).
 	OnContent func(n int)
 }
 
@@ -59,51 +59,161 @@ type RelayResult struct {
 // maxFrame bounds one SSE frame; a longer one is an engine bug, not an answer.
 const maxFrame = 4 << 20
 
-// Relay copies SSE frames from src (the engine) to dst (the client), flushing
-// each one as it completes, byte for byte. It records usage and counts
-// content without allocating per frame.
+// Stream relays an engine's SSE answer as an io.ReadCloser that the HTTP
+// server pulls from (fasthttp's SetBodyStream). Each Read hands out at most
+// one frame, byte for byte; fasthttp writes and flushes it to the socket
+// before it asks for more. So when the server asks for more after the
+// closing bytes, everything before them has left the gateway: that is when
+// Done runs, and a stop acknowledged there is never overtaken by content.
+// No goroutine or pipe stands between the engine and the client.
+type Stream struct {
+	src   *bufio.Reader
+	opts  RelayOptions
+	res   RelayResult
+	frame []byte // the frame being read; grows to the largest and is reused
+	out   []byte // bytes not yet handed out
+	phase int
+	// End is called once, when relaying stops (the engine's [DONE], a stop,
+	// an engine failure, a client that left); it returns the bytes that
+	// close the stream (nil for none).
+	End func(*RelayResult) []byte
+	// Done is called once: with true after the closing bytes were
+	// delivered, with false when the server gave up early (the client left).
+	Done func(res *RelayResult, delivered bool)
+}
+
+const (
+	relaying = iota
+	closing  // the closing bytes are being handed out
+	over
+)
+
+// NewStream returns a Stream over the engine's body.
+func NewStream(src *bufio.Reader, o RelayOptions) *Stream {
+	return &Stream{src: src, opts: o, frame: make([]byte, 0, 4096)}
+}
+
+// Result is what happened so far.
+func (s *Stream) Result() *RelayResult { return &s.res }
+
+// Read hands out the next bytes of the stream.
+func (s *Stream) Read(p []byte) (int, error) {
+	for len(s.out) == 0 {
+		switch s.phase {
+		case relaying:
+			s.next()
+		case closing:
+			s.phase = over
+			s.finish(true)
+			return 0, io.EOF
+		default:
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, s.out)
+	s.out = s.out[n:]
+	return n, nil
+}
+
+// Close is called by the server when it is done with the stream, having
+// delivered everything or not.
+func (s *Stream) Close() error {
+	if s.phase != over {
+		if s.phase == relaying {
+			s.res.ClientErr = errors.New("client connection closed")
+		}
+		s.phase = over
+		s.finish(false)
+	}
+	return nil
+}
+
+func (s *Stream) finish(delivered bool) {
+	if s.Done != nil {
+		done := s.Done
+		s.Done = nil
+		done(&s.res, delivered)
+	}
+}
+
+// next reads one frame and either queues it for the client, drops it (the
+// usage chunk the client did not ask for), or ends the relay.
+func (s *Stream) next() {
+	var err error
+	s.frame, err = readFrame(s.src, s.frame[:0])
+	if err != nil {
+		// A frame cut off by the error is torn: it is never relayed.
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // the engine hung up before [DONE]
+		}
+		if s.opts.Stopped != nil && s.opts.Stopped() {
+			s.res.Stopped = true
+		} else {
+			s.res.UpstreamErr = err
+		}
+		s.end()
+		return
+	}
+	kind := classify(s.frame, &s.res)
+	if s.opts.Stopped != nil && s.opts.Stopped() {
+		s.res.Stopped = true
+		s.end()
+		return
+	}
+	switch kind {
+	case frameUsage:
+		if s.opts.StripUsage {
+			return
+		}
+	case frameContent:
+		// Handed out now, flushed before the next Read.
+		s.res.ContentChunks++
+		if s.opts.OnContent != nil {
+			s.opts.OnContent(s.res.ContentChunks)
+		}
+	case frameDone:
+		s.res.Done = true
+		s.out = s.frame
+		s.phase = closing
+		if s.End != nil {
+			s.out = append(s.out, s.End(&s.res)...)
+		}
+		return
+	}
+	s.out = s.frame
+}
+
+// end stops relaying and queues the closing bytes.
+func (s *Stream) end() {
+	s.phase = closing
+	if s.End != nil {
+		s.out = s.End(&s.res)
+	}
+}
+
+// Relay copies a whole stream to dst, flushing after every frame: Stream
+// for a writer instead of a reader (benchmarks, tools).
 func Relay(dst *bufio.Writer, src *bufio.Reader, o RelayOptions) RelayResult {
-	var res RelayResult
-	frame := make([]byte, 0, 4096)
+	s := NewStream(src, o)
+	buf := make([]byte, 32<<10)
 	for {
-		frame, err := readFrame(src, frame[:0])
+		n, err := s.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr == nil {
+				werr = dst.Flush()
+				if werr != nil {
+					s.res.ClientErr = werr
+					_ = s.Close()
+					return s.res
+				}
+			} else {
+				s.res.ClientErr = werr
+				_ = s.Close()
+				return s.res
+			}
+		}
 		if err != nil {
-			// A frame cut off by the error is torn: it is never relayed.
-			if o.Stopped != nil && o.Stopped() {
-				res.Stopped = true
-				return res
-			}
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF // the engine hung up before [DONE]
-			}
-			res.UpstreamErr = err
-			return res
-		}
-		kind := classify(frame, &res)
-		if o.Stopped != nil && o.Stopped() {
-			res.Stopped = true
-			return res
-		}
-		if kind == frameUsage && o.StripUsage {
-			continue
-		}
-		if _, werr := dst.Write(frame); werr != nil {
-			res.ClientErr = werr
-			return res
-		}
-		if werr := dst.Flush(); werr != nil {
-			res.ClientErr = werr
-			return res
-		}
-		switch kind {
-		case frameContent:
-			res.ContentChunks++
-			if o.OnContent != nil {
-				o.OnContent(res.ContentChunks)
-			}
-		case frameDone:
-			res.Done = true
-			return res
+			return s.res
 		}
 	}
 }
