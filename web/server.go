@@ -193,6 +193,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 
 func (s *Server) newLimiter() *ratelimit.Limiter {
 	o := ratelimit.Options{
+		Prefix: s.Config.RedisPrefix + "rl:",
 		Logger: s.log,
 		OnDegraded: func(degraded bool) {
 			v := 0.0
@@ -214,7 +215,7 @@ func (s *Server) startStops(ctx context.Context) error {
 	holder := stop.NewHolder(s.Config.Stop.TTL)
 	var bus stop.Bus = stop.NewLocalBus()
 	if s.Redis != nil {
-		bus = stop.NewRedisBus(s.Redis, stop.RedisOptions{KeyTTL: s.Config.Stop.TTL, Logger: s.log})
+		bus = stop.NewRedisBus(s.Redis, stop.RedisOptions{Prefix: s.Config.RedisPrefix, KeyTTL: s.Config.Stop.TTL, Logger: s.log})
 	}
 	s.Stops = stop.NewService(holder, bus, stop.Options{AckTimeout: s.Config.Stop.AckTimeout, Logger: s.log})
 	s.closers = append(s.closers, s.Stops.Close, holder.Close)

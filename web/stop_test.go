@@ -53,11 +53,14 @@ func startCluster(t *testing.T, n int, real bool, opts ...envOption) *cluster {
 	c.mock = mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ms := httptest.NewServer(c.mock)
 	t.Cleanup(ms.Close)
+	// A fresh prefix: a real Redis is shared with other tests and runs.
+	prefix := fmt.Sprintf("moonjitest:%d:", time.Now().UnixNano())
 	var key string
 	for i := 0; i < n; i++ {
 		cfg := &config.Config{
 			DatabaseURL: dbURL,
 			RedisURL:    c.redisURL,
+			RedisPrefix: prefix,
 			ReplicaID:   fmt.Sprintf("replica-%c-%d", 'A'+i, time.Now().UnixNano()),
 			RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
 			Backends:    []config.Backend{{Name: "mock", URL: ms.URL + "/v1", MaxConcurrency: 32, MaxQueue: 32, QueueTimeout: 10 * time.Second}},

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -32,10 +33,13 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// ReplicaID names this gateway replica in the ledger; default
 	// hostname/listen, which stays the same across restarts of one instance.
-	ReplicaID   string    `yaml:"replica_id"`
-	PublicURL   string    `yaml:"public_url"`
-	DatabaseURL string    `yaml:"database_url"`
-	RedisURL    string    `yaml:"redis_url"`
+	ReplicaID   string `yaml:"replica_id"`
+	PublicURL   string `yaml:"public_url"`
+	DatabaseURL string `yaml:"database_url"`
+	RedisURL    string `yaml:"redis_url"`
+	// RedisPrefix starts every Redis key and channel Moonji uses, so that
+	// several deployments (or test runs) can share one Redis.
+	RedisPrefix string    `yaml:"redis_prefix"`
 	RateLimit   RateLimit `yaml:"rate_limit"`
 	Backends    []Backend `yaml:"backends"`
 	Models      []Model   `yaml:"models"`
@@ -62,6 +66,40 @@ type Backend struct {
 	Timeout        time.Duration `yaml:"timeout"`
 	// TokensPerSecond paces the builtin engine (ignored for openai backends).
 	TokensPerSecond float64 `yaml:"tokens_per_second"`
+
+	// maxQueueSet tells an explicit max_queue: 0 (no queue) from a missing
+	// one (the default).
+	maxQueueSet bool
+}
+
+// UnmarshalYAML decodes a backend, noting whether max_queue was given and
+// refusing unknown keys (the decoder's KnownFields does not reach inside a
+// custom unmarshaler).
+func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
+	type plain Backend
+	if err := n.Decode((*plain)(b)); err != nil {
+		return err
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	known := map[string]bool{}
+	t := reflect.TypeOf(plain{})
+	for i := 0; i < t.NumField(); i++ {
+		if tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]; tag != "" {
+			known[tag] = true
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if !known[k.Value] {
+			return fmt.Errorf("line %d: field %s not found in a backend", k.Line, k.Value)
+		}
+		if k.Value == "max_queue" {
+			b.maxQueueSet = true
+		}
+	}
+	return nil
 }
 
 // Model maps a public model name to a backend.
@@ -163,6 +201,9 @@ func (c *Config) applyDefaults() {
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = "sqlite://data/moonji.db"
 	}
+	if c.RedisPrefix == "" {
+		c.RedisPrefix = "moonji:"
+	}
 	if c.RateLimit.RequestsPerMinute == 0 {
 		c.RateLimit.RequestsPerMinute = 60
 	}
@@ -178,7 +219,7 @@ func (c *Config) applyDefaults() {
 		if b.MaxConcurrency == 0 {
 			b.MaxConcurrency = 16
 		}
-		if b.MaxQueue == 0 {
+		if b.MaxQueue == 0 && !b.maxQueueSet {
 			b.MaxQueue = 32
 		}
 		if b.QueueTimeout == 0 {

@@ -98,6 +98,22 @@ func TestDatabaseDriverHidesPasswords(t *testing.T) {
 	}
 }
 
+func TestMaxQueueZeroMeansNoQueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	os.WriteFile(path, []byte("backends:\n  - {name: a, url: http://x/v1, max_queue: 0}\n  - {name: b, url: http://y/v1}\nmodels: [{name: m, backend: a}]\n"), 0o600)
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Backends[0].MaxQueue != 0 || c.Backends[1].MaxQueue != 32 {
+		t.Errorf("max_queue: explicit 0 → %d, missing → %d; want 0 and 32", c.Backends[0].MaxQueue, c.Backends[1].MaxQueue)
+	}
+	os.WriteFile(path, []byte("backends:\n  - {name: a, url: http://x/v1, max_queu: 3}\n"), 0o600)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "max_queu") {
+		t.Errorf("a misspelt backend key must be refused: %v", err)
+	}
+}
+
 // The shipped example loads, and documents every key the code knows.
 func TestExampleDocumentsEveryKey(t *testing.T) {
 	const example = "../../moonji.example.yaml"
