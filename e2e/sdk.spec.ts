@@ -90,4 +90,31 @@ test.describe('openai SDK against the gateway', () => {
     expect(controller.signal.aborted).toBe(true);
     expect(n).toBe(3);
   });
+
+  test('a stop through /v1/inferences/{id}/cancel ends the SDK stream cleanly, with usage', async () => {
+    const { data: stream, response } = await client.chat.completions.create({
+      model: 'moonji-demo', stream: true, stream_options: { include_usage: true }, max_tokens: 2000,
+      messages: [{ role: 'user', content: 'a long story' }],
+    }).withResponse();
+    const id = response.headers.get('x-inference-id');
+    expect(id).toMatch(/^inf_/);
+    let content = 0;
+    let usage: OpenAI.CompletionUsage | undefined | null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      if (!chunk.choices[0]?.delta?.content) continue;
+      content++;
+      if (content === 5) {
+        const r = await fetch(`${baseURL}/v1/inferences/${id}/cancel`, {
+          method: 'POST', headers: { Authorization: `Bearer ${client.apiKey}` },
+        });
+        expect(r.status).toBe(200);
+        expect(await r.json()).toMatchObject({ inference_id: id, state: 'stopped', acknowledged: true });
+      }
+    }
+    // The loop ended normally ([DONE]) long before 2,000 tokens, and the
+    // usage chunk counts exactly the chunks the SDK delivered.
+    expect(content).toBeLessThan(2000);
+    expect(usage?.completion_tokens).toBe(content);
+  });
 });
