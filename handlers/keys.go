@@ -91,6 +91,9 @@ func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back st
 	if err != nil {
 		return err
 	}
+	// Authenticated keys are cached for a few seconds; this process stops
+	// accepting the key now (other replicas and the CLI: within the TTL).
+	h.APIKeys.Forget(uint(id))
 	h.Log.Info("api key revoked", "key", id, "by", sess.UserID, "admin", all)
 	if !isHTMX(c) {
 		return c.Redirect(back, http.StatusSeeOther)

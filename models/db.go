@@ -44,7 +44,11 @@ func Open(dbURL string) (*gorm.DB, error) {
 		if strings.Contains(dsn, "?") {
 			sep = "&"
 		}
-		dsn += sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
+		// wal_autocheckpoint(10000): the server's ledger checkpoints the WAL
+		// every second on its own connection (ledger.checkpointEvery), so
+		// that no request waits behind a checkpoint inside a commit; SQLite's
+		// own, at 10000 pages (~40 MB) instead of 1000, is the safety net.
+		dsn += sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)"
 		db, err = gorm.Open(sqlite.Open(dsn), gcfg)
 	case "postgres":
 		db, err = gorm.Open(postgres.Open(dsn), gcfg)
@@ -52,10 +56,45 @@ func Open(dbURL string) (*gorm.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s database: %w", driver, err)
 	}
+	if err := setPool(db, driver); err != nil {
+		return nil, err
+	}
 	if err := Migrate(db); err != nil {
 		return nil, err
 	}
 	return db, nil
+}
+
+// Connection pool sizes. database/sql keeps only 2 idle connections by
+// default, so a burst closes and reopens connections all the time: on
+// PostgreSQL each one forks a backend (240 new sessions in a 3.5 s stop
+// benchmark), on SQLite each one reopens the file and reruns the pragmas.
+const (
+	// PostgreSQL: at most pgMaxOpen sessions per replica, all kept when idle
+	// (three replicas fit in PostgreSQL's default max_connections of 100).
+	pgMaxOpen = 32
+	// SQLite: one writer at a time (WAL); readers in parallel. Open
+	// connections stay unlimited, as before; enough of them are kept.
+	sqliteMaxIdle = 16
+	// An idle connection is closed after this long, so a quiet replica
+	// gives its sessions back.
+	maxIdleTime = 5 * time.Minute
+)
+
+func setPool(db *gorm.DB, driver string) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	switch driver {
+	case "postgres":
+		sqlDB.SetMaxOpenConns(pgMaxOpen)
+		sqlDB.SetMaxIdleConns(pgMaxOpen)
+	case "sqlite":
+		sqlDB.SetMaxIdleConns(sqliteMaxIdle)
+	}
+	sqlDB.SetConnMaxIdleTime(maxIdleTime)
+	return nil
 }
 
 // Migrate creates or updates every table.

@@ -1,6 +1,15 @@
 // Package apikey issues and checks the API keys programs use on /v1. A key is
 // 256 random bits shown once; only its SHA-256 is stored, and last-used times
 // are batched so that authenticating a request never writes to the database.
+//
+// Successful look-ups are cached in memory for a few seconds (CacheTTL),
+// keyed by the SHA-256, so that a busy key costs no query per request.
+// Expiry is still checked on every request. A revoke made through this
+// process (Store.Forget, called by the web pages) takes effect at once; one
+// made elsewhere — the CLI, another replica, a direct UPDATE — takes effect
+// here within CacheTTL. The same holds for changes to a key's RPM or to its
+// owner's admin flag. Unknown, revoked and expired keys are never cached, so
+// presenting made-up keys cannot fill the cache.
 package apikey
 
 import (
@@ -87,6 +96,20 @@ func Create(ctx context.Context, db *gorm.DB, userID uint, name string, expires 
 	return secret, key, nil
 }
 
+// DefaultCacheTTL is how long a successful look-up is reused: the longest a
+// revoke made outside this process (CLI, another replica) takes to be seen.
+const DefaultCacheTTL = 5 * time.Second
+
+// maxCached bounds the cache. Only keys that exist and are active get in,
+// so the bound is a guard, not something an attacker can reach.
+const maxCached = 10_000
+
+// cached is one remembered look-up.
+type cached struct {
+	key   models.APIKey
+	until time.Time
+}
+
 // Store authenticates keys and remembers when each was last used.
 type Store struct {
 	db       *gorm.DB
@@ -95,16 +118,32 @@ type Store struct {
 	lastUsed map[uint]time.Time
 	stop     chan struct{}
 	done     chan struct{}
+
+	cmu   sync.RWMutex
+	ttl   time.Duration
+	cache map[string]cached // SHA-256 of the secret → active key
+	gen   uint64            // bumped by Forget: look-ups begun before it are not cached
 }
 
-// NewStore returns a Store that writes last-used times every interval.
+// NewStore returns a Store that writes last-used times every interval and
+// caches successful look-ups for DefaultCacheTTL.
 func NewStore(db *gorm.DB, log *slog.Logger, interval time.Duration) *Store {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{db: db, log: log, lastUsed: map[uint]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Store{db: db, log: log, lastUsed: map[uint]time.Time{}, stop: make(chan struct{}), done: make(chan struct{}),
+		ttl: DefaultCacheTTL, cache: map[string]cached{}}
 	go s.flushLoop(interval)
 	return s
+}
+
+// SetCacheTTL changes how long successful look-ups are reused; 0 turns the
+// cache off. Call it before the store is used.
+func (s *Store) SetCacheTTL(ttl time.Duration) {
+	s.cmu.Lock()
+	s.ttl = ttl
+	clear(s.cache)
+	s.cmu.Unlock()
 }
 
 // Authenticate finds the active key for a secret.
@@ -112,24 +151,99 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 	if !strings.HasPrefix(secret, Prefix) || len(secret) < prefixLen+8 || len(secret) > 200 {
 		return nil, ErrMalformed
 	}
-	key, err := models.APIKeyByHash(ctx, s.db, Hash(secret))
-	if errors.Is(err, models.ErrNotFound) {
-		return nil, ErrUnknown
-	}
-	if err != nil {
-		return nil, err
-	}
+	hash := Hash(secret)
 	now := time.Now()
+	s.cmu.RLock()
+	c, hit := s.cache[hash]
+	gen, ttl := s.gen, s.ttl
+	s.cmu.RUnlock()
+	var key *models.APIKey
+	if hit && now.Before(c.until) {
+		k := c.key // a copy: callers may not share the cached value
+		key = &k
+	} else {
+		var err error
+		key, err = models.APIKeyByHash(ctx, s.db, hash)
+		if errors.Is(err, models.ErrNotFound) {
+			return nil, ErrUnknown
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	// Checked on every request, cached or not: a key that expires while
+	// cached stops working at its expiry, not at the end of the TTL.
 	switch key.Status(now) {
 	case "revoked":
+		s.drop(hash)
 		return nil, ErrRevoked
 	case "expired":
+		s.drop(hash)
 		return nil, ErrExpired
+	}
+	if !hit || !now.Before(c.until) {
+		s.remember(hash, key, gen, now.Add(ttl), ttl)
 	}
 	s.mu.Lock()
 	s.lastUsed[key.ID] = now.UTC()
 	s.mu.Unlock()
 	return key, nil
+}
+
+// remember caches an active key, unless a Forget came after the look-up
+// began (the row read may predate a revoke).
+func (s *Store) remember(hash string, key *models.APIKey, gen uint64, until time.Time, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	if s.gen != gen {
+		return
+	}
+	if len(s.cache) >= maxCached {
+		now := time.Now()
+		for h, c := range s.cache {
+			if !now.Before(c.until) {
+				delete(s.cache, h)
+			}
+		}
+		if len(s.cache) >= maxCached {
+			clear(s.cache)
+		}
+	}
+	s.cache[hash] = cached{key: *key, until: until}
+}
+
+func (s *Store) drop(hash string) {
+	s.cmu.Lock()
+	delete(s.cache, hash)
+	s.cmu.Unlock()
+}
+
+// Forget drops key id from the cache at once. Call it after revoking the key
+// (or changing it) in the database, so that this process stops accepting
+// it immediately rather than within the cache's TTL. A nil Store is a no-op.
+func (s *Store) Forget(id uint) {
+	if s == nil {
+		return
+	}
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	s.gen++
+	for h, c := range s.cache {
+		if c.key.ID == id {
+			delete(s.cache, h)
+		}
+	}
+}
+
+// Revoke revokes key id in the database (see models.RevokeAPIKey for owner)
+// and forgets it here.
+func (s *Store) Revoke(ctx context.Context, id, owner uint) error {
+	err := models.RevokeAPIKey(ctx, s.db, id, owner)
+	s.Forget(id)
+	return err
 }
 
 // Flush writes the pending last-used times now.

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"gorm.io/gorm"
 
 	"moonji/models"
 )
@@ -71,7 +74,7 @@ func TestKeyLifecycle(t *testing.T) {
 	if err := models.RevokeAPIKey(ctx, db, key.ID, other.ID); !errors.Is(err, models.ErrNotFound) {
 		t.Errorf("revoke someone else's key: %v, want ErrNotFound", err)
 	}
-	if err := models.RevokeAPIKey(ctx, db, key.ID, u.ID); err != nil {
+	if err := store.Revoke(ctx, key.ID, u.ID); err != nil {
 		t.Fatal(err)
 	}
 	if err := models.RevokeAPIKey(ctx, db, key.ID, 0); err != nil {
@@ -82,5 +85,118 @@ func TestKeyLifecycle(t *testing.T) {
 	}
 	if _, _, err := Create(ctx, db, u.ID, " ", 0, 0); err == nil {
 		t.Error("created a key without a name")
+	}
+}
+
+func openStore(t *testing.T) (*gorm.DB, *Store, uint) {
+	t.Helper()
+	db, err := models.Open("sqlite://" + t.TempDir() + "/keys.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { models.Close(db) })
+	store := NewStore(db, nil, time.Hour)
+	t.Cleanup(store.Close)
+	u, err := models.EnsureUser(context.Background(), db, "c@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, store, u.ID
+}
+
+// A cached key costs no query; a revoke through the Store is seen at once,
+// one made behind its back (CLI, another replica) within the TTL.
+func TestCache(t *testing.T) {
+	ctx := context.Background()
+	db, store, uid := openStore(t)
+	store.SetCacheTTL(200 * time.Millisecond)
+	secret, key, err := Create(ctx, db, uid, "busy", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queries atomic.Int64
+	db.Callback().Query().Before("gorm:query").Register("count", func(*gorm.DB) { queries.Add(1) })
+	for range 10 {
+		if _, err := store.Authenticate(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := queries.Load(); n != 2 { // the key and its user, once
+		t.Errorf("%d queries for 10 look-ups of one key, want 2", n)
+	}
+
+	// Revoked behind the store's back: still accepted until the TTL ends.
+	if err := models.RevokeAPIKey(ctx, db, key.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Authenticate(ctx, secret); err != nil {
+		t.Errorf("cached key right after an outside revoke: %v (want it accepted within the TTL)", err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	if _, err := store.Authenticate(ctx, secret); !errors.Is(err, ErrRevoked) {
+		t.Errorf("after the TTL: %v, want ErrRevoked", err)
+	}
+
+	// Revoked through the store: refused at once.
+	store.SetCacheTTL(time.Hour)
+	secret2, key2, _ := Create(ctx, db, uid, "web", 0, 0)
+	if _, err := store.Authenticate(ctx, secret2); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Revoke(ctx, key2.ID, uid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Authenticate(ctx, secret2); !errors.Is(err, ErrRevoked) {
+		t.Errorf("after Revoke: %v, want ErrRevoked", err)
+	}
+
+	// Expiry is checked on every request, cached or not.
+	secret3, _, _ := Create(ctx, db, uid, "expiring", time.Hour, 0)
+	if _, err := store.Authenticate(ctx, secret3); err != nil {
+		t.Fatal(err)
+	}
+	store.cmu.Lock()
+	c := store.cache[Hash(secret3)]
+	past := time.Now().Add(-time.Second)
+	c.key.ExpiresAt = &past
+	store.cache[Hash(secret3)] = c
+	store.cmu.Unlock()
+	if _, err := store.Authenticate(ctx, secret3); !errors.Is(err, ErrExpired) {
+		t.Errorf("cached key past its expiry: %v, want ErrExpired", err)
+	}
+
+	// Unknown keys are never cached.
+	for range 100 {
+		bogus, _, _ := Generate()
+		if _, err := store.Authenticate(ctx, bogus); !errors.Is(err, ErrUnknown) {
+			t.Fatalf("made-up key: %v", err)
+		}
+	}
+	store.cmu.RLock()
+	n := len(store.cache)
+	store.cmu.RUnlock()
+	if n > 1 {
+		t.Errorf("%d cache entries after 100 unknown keys; only active keys may be cached", n)
+	}
+}
+
+// A look-up that read the row before a Forget must not put it back.
+func TestForgetDuringLookup(t *testing.T) {
+	ctx := context.Background()
+	db, store, uid := openStore(t)
+	secret, key, _ := Create(ctx, db, uid, "racy", 0, 0)
+	db.Callback().Query().After("gorm:query").Register("forget", func(tx *gorm.DB) {
+		if tx.Statement.Table == "api_keys" {
+			store.Forget(key.ID) // a revoke lands between the read and the caching
+		}
+	})
+	if _, err := store.Authenticate(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	store.cmu.RLock()
+	_, cached := store.cache[Hash(secret)]
+	store.cmu.RUnlock()
+	if cached {
+		t.Error("a look-up older than a Forget was cached")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"moonji/models"
 )
@@ -36,13 +37,17 @@ type op struct {
 
 // Ledger is the asynchronous writer of usage rows.
 type Ledger struct {
-	db      *gorm.DB
-	ops     chan op
-	log     *slog.Logger
-	wg      sync.WaitGroup
-	mu      sync.RWMutex
-	closed  bool
-	onWrite func(rows int, took time.Duration, err error)
+	db       *gorm.DB
+	begun    map[string]bool // ids whose pending row this writer committed, until their Finish
+	ops      chan op
+	log      *slog.Logger
+	wg       sync.WaitGroup
+	mu       sync.RWMutex
+	closed   bool
+	stopCkpt chan struct{}
+	kickCkpt chan struct{} // SQLite only: asks for a checkpoint
+	commits  int
+	onWrite  func(rows int, took time.Duration, err error)
 }
 
 // New starts a ledger writing to db. Call Close to flush and stop it.
@@ -50,10 +55,47 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	if log == nil {
 		log = slog.Default()
 	}
-	l := &Ledger{db: db, ops: make(chan op, 8192), log: log}
+	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{})}
 	l.wg.Add(1)
 	go l.run()
+	if db.Dialector.Name() == "sqlite" {
+		l.kickCkpt = make(chan struct{}, 1)
+		l.wg.Add(1)
+		go l.checkpoints()
+	}
 	return l
+}
+
+// The WAL is copied back into the SQLite database file by a goroutine of
+// its own (PASSIVE: it never blocks the writer), after every checkpointAfter
+// commits and at least every checkpointEvery. SQLite would otherwise do it
+// inside whichever commit crosses wal_autocheckpoint pages — the ledger
+// writer's, with an fsync of the WAL and of the database file — and every
+// request waiting for its pending row would wait for that too. models.Open
+// raises wal_autocheckpoint to 10000 pages, so SQLite's own checkpoint is
+// only a safety net for when this one falls behind (or for a process without
+// a ledger, such as the CLI). A commit touches about 7 pages (the row and its
+// indexes), so a checkpoint copies a few hundred.
+const (
+	checkpointAfter = 64
+	checkpointEvery = time.Second
+)
+
+func (l *Ledger) checkpoints() {
+	defer l.wg.Done()
+	t := time.NewTicker(checkpointEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stopCkpt:
+			return
+		case <-t.C:
+		case <-l.kickCkpt:
+		}
+		if err := l.db.Exec("PRAGMA wal_checkpoint(PASSIVE)").Error; err != nil {
+			l.log.Warn("sqlite checkpoint", "err", err)
+		}
+	}
 }
 
 // Begin queues the insertion of a pending row and returns a channel that
@@ -123,6 +165,7 @@ func (l *Ledger) Close() {
 	}
 	l.closed = true
 	close(l.ops)
+	close(l.stopCkpt)
 	l.mu.Unlock()
 	l.wg.Wait()
 }
@@ -130,25 +173,114 @@ func (l *Ledger) Close() {
 // OnWrite registers a hook called after every batch (for metrics).
 func (l *Ledger) OnWrite(fn func(rows int, took time.Duration, err error)) { l.onWrite = fn }
 
+// linger is how long a batch that nobody waits for (Records and Finishes
+// only) is held open for more rows. Each commit costs SQLite a WAL write of
+// every page it touched (the row and six indexes), so rows that arrive one at
+// a time are cheaper committed a few together. A Begin or a Flush — someone
+// waiting — ends the wait at once, so it adds nothing to a request's
+// latency; it only delays when a rejected or finished row becomes visible,
+// by at most this long.
+const linger = 2 * time.Millisecond
+
 func (l *Ledger) run() {
 	defer l.wg.Done()
 	batch := make([]op, 0, maxBatch)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for first := range l.ops {
 		batch = append(batch[:0], first)
+		waited := first.done != nil
+		open := true
 	drain:
 		for len(batch) < maxBatch {
 			select {
 			case o, ok := <-l.ops:
 				if !ok {
+					open = false
 					break drain
 				}
 				batch = append(batch, o)
+				waited = waited || o.done != nil
 			default:
 				break drain
 			}
 		}
+		if !waited && open && len(batch) < maxBatch {
+			timer.Reset(linger)
+		hold:
+			for len(batch) < maxBatch {
+				select {
+				case o, ok := <-l.ops:
+					if !ok {
+						break hold
+					}
+					batch = append(batch, o)
+					if o.done != nil {
+						break hold
+					}
+				case <-timer.C:
+					break hold
+				}
+			}
+			timer.Stop()
+		}
 		l.write(batch)
 	}
+}
+
+// A batch is written with a few statements whatever its size: one
+// multi-row INSERT per chunk of new rows (Begins, Records, and Begins whose
+// Finish is in the same batch, merged into their final row), and one
+// multi-row upsert per chunk of Finishes. Chunks have power-of-two sizes (at
+// most 9 statements for up to 511 rows of a kind), so that there are a few
+// distinct statement texts, not one per batch size (pgx caches prepared
+// statements by text; gorm's PrepareStmt is not used: the SQLite driver
+// re-prepares on every Exec anyway, and pgx already caches). A batch of one statement (the usual case at moderate load, where
+// rows arrive one at a time) runs without BEGIN/COMMIT around it; a larger
+// one is one transaction. If it fails, its rows are written one by one, so
+// that only a bad row is lost.
+//
+// A Finish must never create a row whose Begin failed: the failure may have
+// been a taken inference id (another request's row, whose final columns the
+// upsert would overwrite), and a request whose pending row was refused has
+// already been answered as an internal error. So the writer remembers which
+// Begins it committed (begun, until their Finish), and only those Finishes
+// go into the upsert; there the row exists and ON CONFLICT always takes the
+// UPDATE branch. Any other Finish — its Begin failed, or the row was written
+// by another process — is a plain UPDATE, which never creates a row. A Begin
+// whose commit was reported as failed although it happened (a lost COMMIT
+// acknowledgement) is thus still finished by the UPDATE.
+var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
+
+// finalColumns are the columns a Finish sets on its pending row.
+var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
+	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend"}
+
+var upsertFinal = clause.OnConflict{
+	Columns:   []clause.Column{{Name: "inference_id"}},
+	DoUpdates: clause.AssignmentColumns(finalColumns),
+}
+
+// rows of one batch, by the statement that writes them.
+type plan struct {
+	inserts []models.Usage // new rows
+	upserts []models.Usage // Finishes of rows this writer has begun
+	updates []models.Usage // other Finishes: UPDATE only
+}
+
+func (p *plan) rows() int { return len(p.inserts) + len(p.upserts) + len(p.updates) }
+
+func chunks(n int) int {
+	c := 0
+	for _, size := range chunkSizes {
+		c += n / size
+		n %= size
+	}
+	return c
+}
+
+func (p *plan) statements() int {
+	return chunks(len(p.inserts)) + chunks(len(p.upserts)) + len(p.updates)
 }
 
 // write commits one batch. A Begin and Finish of the same row in one batch
@@ -161,83 +293,125 @@ func (l *Ledger) write(batch []op) {
 			final[o.row.InferenceID] = i
 		}
 	}
-	var inserts []models.Usage
-	var updates []models.Usage
+	var p plan
 	merged := make(map[string]bool)
 	for _, o := range batch {
 		switch o.kind {
 		case opBegin:
 			if i, ok := final[o.row.InferenceID]; ok {
-				inserts = append(inserts, batch[i].row)
+				p.inserts = append(p.inserts, batch[i].row)
 				merged[o.row.InferenceID] = true
 			} else {
-				inserts = append(inserts, o.row)
+				p.inserts = append(p.inserts, o.row)
 			}
 		case opRecord:
-			inserts = append(inserts, o.row)
+			p.inserts = append(p.inserts, o.row)
 		case opFinish:
-			if !merged[o.row.InferenceID] {
-				updates = append(updates, o.row)
+			id := o.row.InferenceID
+			switch {
+			case merged[id]:
+			case l.begun[id]:
+				p.upserts = append(p.upserts, o.row)
+			default:
+				p.updates = append(p.updates, o.row)
 			}
+			delete(l.begun, id)
 		}
 	}
-	err := l.commit(inserts, updates)
+	err := l.commit(&p)
 	var failed map[string]error // per row, when the batch had to be split
-	if err != nil && len(inserts)+len(updates) > 1 {
+	if err != nil && p.rows() > 1 {
 		failed = map[string]error{}
 		// One bad row must not cost the others theirs: write them one by
 		// one, so that only the row that fails is lost (and logged).
-		l.log.Warn("usage batch failed; writing rows one by one", "rows", len(inserts)+len(updates), "err", err)
+		l.log.Warn("usage batch failed; writing rows one by one", "rows", p.rows(), "err", err)
 		err = nil
-		for i := range inserts {
-			if e := l.commit(inserts[i:i+1], nil); e != nil {
-				l.log.Error("usage row lost", "inference_id", inserts[i].InferenceID, "err", e)
-				failed[inserts[i].InferenceID] = e
+		for i := range p.inserts {
+			if e := l.commit(&plan{inserts: p.inserts[i : i+1]}); e != nil {
+				l.log.Error("usage row lost", "inference_id", p.inserts[i].InferenceID, "err", e)
+				failed[p.inserts[i].InferenceID] = e
 			}
 		}
-		for i := range updates {
-			if e := l.commit(nil, updates[i:i+1]); e != nil {
-				l.log.Error("usage row not finished", "inference_id", updates[i].InferenceID, "err", e)
-				failed[updates[i].InferenceID] = e
+		// Finishes one by one as plain UPDATEs: never a new row.
+		for _, u := range append(p.upserts, p.updates...) {
+			if e := l.commit(&plan{updates: []models.Usage{u}}); e != nil {
+				l.log.Error("usage row not finished", "inference_id", u.InferenceID, "err", e)
+				failed[u.InferenceID] = e
 			}
 		}
 	}
 	if err != nil && failed == nil {
-		l.log.Error("usage row lost", "rows", len(inserts)+len(updates), "err", err)
+		l.log.Error("usage row lost", "rows", p.rows(), "err", err)
 	}
 	for _, o := range batch {
-		if o.done == nil {
-			continue
-		}
+		var e error
 		if failed != nil {
-			o.done <- failed[o.row.InferenceID]
+			e = failed[o.row.InferenceID]
 		} else {
-			o.done <- err
+			e = err
+		}
+		if o.kind == opBegin && e == nil && !merged[o.row.InferenceID] {
+			l.begun[o.row.InferenceID] = true
+		}
+		if o.done != nil {
+			o.done <- e
+		}
+	}
+	if l.kickCkpt != nil {
+		if l.commits++; l.commits%checkpointAfter == 0 {
+			select {
+			case l.kickCkpt <- struct{}{}:
+			default:
+			}
 		}
 	}
 	if l.onWrite != nil {
-		l.onWrite(len(inserts)+len(updates), time.Since(start), err)
+		l.onWrite(p.rows(), time.Since(start), err)
 	}
 }
 
-// commit writes inserts and updates in one transaction.
-func (l *Ledger) commit(inserts, updates []models.Usage) error {
-	return l.db.Transaction(func(tx *gorm.DB) error {
-		if len(inserts) > 0 {
-			if err := tx.CreateInBatches(inserts, 100).Error; err != nil {
-				return fmt.Errorf("insert %d usage rows: %w", len(inserts), err)
-			}
+// commit writes a plan: in one transaction, or without one when it is a
+// single statement (which is atomic by itself).
+func (l *Ledger) commit(p *plan) error {
+	if p.statements() <= 1 {
+		return l.exec(l.db, p)
+	}
+	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
+}
+
+func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
+	if err := inChunks(p.inserts, func(rows []models.Usage) error {
+		return tx.Create(&rows).Error
+	}); err != nil {
+		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
+	}
+	if err := inChunks(p.upserts, func(rows []models.Usage) error {
+		return tx.Clauses(upsertFinal).Create(&rows).Error
+	}); err != nil {
+		return fmt.Errorf("finish %d usage rows: %w", len(p.upserts), err)
+	}
+	for i := range p.updates {
+		u := &p.updates[i]
+		err := tx.Model(&models.Usage{}).Where("inference_id = ?", u.InferenceID).
+			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
+				"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend").
+			Updates(u).Error
+		if err != nil {
+			return fmt.Errorf("finish usage row %s: %w", u.InferenceID, err)
 		}
-		for i := range updates {
-			u := &updates[i]
-			err := tx.Model(&models.Usage{}).Where("inference_id = ?", u.InferenceID).
-				Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
-					"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend").
-				Updates(u).Error
-			if err != nil {
-				return fmt.Errorf("finish usage row %s: %w", u.InferenceID, err)
+	}
+	return nil
+}
+
+// inChunks calls fn on rows cut into chunkSizes pieces, largest first.
+func inChunks(rows []models.Usage, fn func([]models.Usage) error) error {
+	for _, size := range chunkSizes {
+		for len(rows) >= size {
+			if err := fn(rows[:size]); err != nil {
+				return err
 			}
+			rows = rows[size:]
 		}
-		return nil
-	})
+	}
+	return nil
 }

@@ -2,10 +2,14 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"gorm.io/gorm"
 
 	"moonji/models"
 )
@@ -135,5 +139,148 @@ func TestCloseDrains(t *testing.T) {
 	}
 	if err := <-l.Begin(row("late")); err == nil {
 		t.Error("Begin after Close reported success")
+	}
+}
+
+// countStatements counts the INSERT and UPDATE statements the ledger runs.
+func countStatements(t *testing.T, l *Ledger) (inserts, updates *atomic.Int64) {
+	t.Helper()
+	inserts, updates = new(atomic.Int64), new(atomic.Int64)
+	l.db.Callback().Create().Before("gorm:create").Register("count_insert", func(*gorm.DB) { inserts.Add(1) })
+	l.db.Callback().Update().Before("gorm:update").Register("count_update", func(*gorm.DB) { updates.Add(1) })
+	return inserts, updates
+}
+
+// A batch costs a few statements, not one per row: multi-row INSERTs for
+// pending rows, multi-row upserts for their Finishes.
+func TestBatchIsAFewStatements(t *testing.T) {
+	l := open(t)
+	inserts, updates := countStatements(t, l)
+	const n = 100 // 64 + 32 + 4
+	var begins, finishes []op
+	for i := range n {
+		r := row(fmt.Sprintf("inf_%03d", i))
+		r.Outcome = models.OutcomePending
+		begins = append(begins, op{kind: opBegin, row: r, done: make(chan error, 1)})
+		f := row(r.InferenceID)
+		f.Outcome, f.Status, f.CompletionTokens, f.Backend = models.OutcomeSuccess, 200, i, "b"
+		now := time.Now().UTC()
+		f.FinishedAt = &now
+		finishes = append(finishes, op{kind: opFinish, row: f})
+	}
+	l.write(begins)
+	for _, o := range begins {
+		if err := <-o.done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := inserts.Load(); got != 3 {
+		t.Errorf("%d INSERT statements for %d pending rows, want 3", got, n)
+	}
+	inserts.Store(0)
+	l.write(finishes)
+	if got, up := inserts.Load(), updates.Load(); got != 3 || up != 0 {
+		t.Errorf("%d upserts and %d UPDATEs for %d finishes, want 3 and 0", got, up, n)
+	}
+	var total, final int64
+	l.db.Model(&models.Usage{}).Count(&total)
+	l.db.Model(&models.Usage{}).Where("outcome = ? AND finished_at IS NOT NULL AND backend = ?", models.OutcomeSuccess, "b").Count(&final)
+	if total != n || final != n {
+		t.Errorf("%d rows, %d final; want %d final", total, final, n)
+	}
+	if u := get(t, l, "inf_042"); u.CompletionTokens != 42 || u.Status != 200 || u.Model != "m" {
+		t.Errorf("finished row = %+v", u)
+	}
+	if len(l.begun) != 0 {
+		t.Errorf("%d begun ids remembered after their finishes", len(l.begun))
+	}
+}
+
+// A Finish whose Begin failed must not create a row, nor touch the row that
+// made the Begin fail (another request's, with the same id).
+func TestFinishAfterFailedBeginCreatesNothing(t *testing.T) {
+	l := open(t)
+	// Someone else's finished row holds the id.
+	theirs := row("inf_taken")
+	theirs.Outcome, theirs.Status, theirs.CompletionTokens = models.OutcomeSuccess, 200, 7
+	l.Record(theirs)
+	if err := l.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-l.Begin(row("inf_taken")); err == nil {
+		t.Fatal("a Begin on a taken id succeeded")
+	}
+	mine := row("inf_taken")
+	mine.Outcome, mine.Status, mine.Reason = models.OutcomeError, 500, "internal_error"
+	l.Finish(mine)
+	// A Finish whose Begin never reached the database at all.
+	ghost := row("inf_ghost")
+	ghost.Outcome = models.OutcomeSuccess
+	l.Finish(ghost)
+	if err := l.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := models.UsageByID(context.Background(), l.db, "inf_ghost"); err == nil {
+		t.Error("a Finish without a committed Begin created a row")
+	}
+	// The plain UPDATE path still finishes the row with that id: the same
+	// as before batching. What matters is that no upsert ran for it.
+	var n int64
+	l.db.Model(&models.Usage{}).Count(&n)
+	if n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// A failing upsert batch falls back to row-by-row UPDATEs.
+func TestFinishBatchFallsBack(t *testing.T) {
+	l := open(t)
+	for _, id := range []string{"inf_x", "inf_y"} {
+		if err := <-l.Begin(row(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The database refuses every multi-row upsert.
+	l.db.Callback().Create().Before("gorm:create").Register("refuse_batches", func(tx *gorm.DB) {
+		if rows, ok := tx.Statement.Dest.(*[]models.Usage); ok && len(*rows) > 1 {
+			tx.AddError(errors.New("refused"))
+		}
+	})
+	var batch []op
+	for _, id := range []string{"inf_x", "inf_y"} {
+		f := row(id)
+		f.Outcome, f.Status = models.OutcomeSuccess, 200
+		batch = append(batch, op{kind: opFinish, row: f})
+	}
+	l.write(batch)
+	for _, id := range []string{"inf_x", "inf_y"} {
+		if u := get(t, l, id); u.Outcome != models.OutcomeSuccess || u.Status != 200 {
+			t.Errorf("%s = %+v", id, u)
+		}
+	}
+}
+
+// Rows nobody waits for are held open briefly and committed together with
+// what follows; a Begin ends the wait at once.
+func TestLingerGroupsRows(t *testing.T) {
+	l := open(t)
+	var mu sync.Mutex
+	var commits, rows int
+	l.OnWrite(func(n int, _ time.Duration, _ error) { mu.Lock(); commits++; rows += n; mu.Unlock() })
+	rej := row("inf_rej")
+	rej.Outcome = models.OutcomeRejected
+	l.Record(rej)
+	start := time.Now()
+	if err := <-l.Begin(row("inf_begun")); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	mu.Lock()
+	defer mu.Unlock()
+	if commits != 1 || rows != 2 {
+		t.Errorf("%d commits of %d rows, want the Record and the Begin in one", commits, rows)
+	}
+	if took > time.Second {
+		t.Errorf("the Begin waited %v", took)
 	}
 }
