@@ -126,6 +126,9 @@ func secs(f float64) time.Duration {
 	return time.Duration(f * float64(time.Second))
 }
 
+// roundingTolerance absorbs floating-point error in units of one request.
+const roundingTolerance = 1e-9
+
 // allowN mirrors redis_rate's allowN script line by line.
 func (m *memStore) allowN(_ context.Context, key string, rate, n int) (result, error) {
 	now := m.clock()
@@ -146,7 +149,10 @@ func (m *memStore) allowN(_ context.Context, key string, rate, n int) (result, e
 	allowAt := newTat - burstOffset
 	diff := now - allowAt
 	remaining := diff / emission
-	if remaining < 0 {
+	// (now + x) - x is not always now in floating point: a request that
+	// exactly uses up the burst (every key's last one, and the first of an
+	// rpm-1 key) would be refused at random without this tolerance.
+	if remaining < -roundingTolerance {
 		return result{allowed: 0, remaining: 0, retryAfter: secs(-diff), resetAfter: secs(tat - now)}, nil
 	}
 	resetAfter := newTat - now
@@ -155,7 +161,7 @@ func (m *memStore) allowN(_ context.Context, key string, rate, n int) (result, e
 	}
 	// Like the script, a refund that would reach the present is not
 	// stored at all: the old TAT stays.
-	return result{allowed: n, remaining: int(remaining), retryAfter: -1, resetAfter: secs(resetAfter)}, nil
+	return result{allowed: n, remaining: max(int(remaining+roundingTolerance), 0), retryAfter: -1, resetAfter: secs(resetAfter)}, nil
 }
 
 // allowAtMost mirrors redis_rate's allowAtMost script line by line.
@@ -175,9 +181,10 @@ func (m *memStore) allowAtMost(_ context.Context, key string, rate, n int) (resu
 	}
 	diff := now - (tat - burstOffset)
 	remaining := diff / emission
-	if remaining < 1 {
+	if remaining < 1-roundingTolerance {
 		return result{allowed: 0, remaining: 0, retryAfter: secs(emission - diff), resetAfter: secs(tat - now)}, nil
 	}
+	remaining = max(remaining, 1)
 	cost := float64(n)
 	if remaining < cost {
 		cost = remaining

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -589,5 +590,26 @@ func BenchmarkAllowRequestRedis(b *testing.B) {
 	}
 	if l.Degraded() {
 		b.Fatal("benchmark ran on the fallback")
+	}
+}
+
+// A request that exactly uses up its key's burst — the first of an rpm-1
+// key, the last of any burst — is admitted every time, not at the mercy of
+// floating-point rounding.
+func TestExactBurstIsAdmitted(t *testing.T) {
+	l := New(Options{})
+	defer l.Close()
+	for i := 0; i < 2000; i++ {
+		key := fmt.Sprintf("k%d", i)
+		d, err := l.AllowRequest(context.Background(), key, Limit{RequestsPerMinute: 1})
+		if err != nil || !d.Allowed {
+			t.Fatalf("key %d: first request under rpm 1 refused: %+v %v", i, d, err)
+		}
+		for j := 0; j < 2; j++ {
+			d, _ = l.AllowRequest(context.Background(), key+"x", Limit{RequestsPerMinute: 3})
+		}
+		if d, _ = l.AllowRequest(context.Background(), key+"x", Limit{RequestsPerMinute: 3}); !d.Allowed {
+			t.Fatalf("key %d: third request under rpm 3 refused: %+v", i, d)
+		}
 	}
 }
