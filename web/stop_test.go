@@ -231,6 +231,16 @@ func TestStopAcrossReplicas(t *testing.T) {
 			if again.status != http.StatusOK || again.body["state"] != "stopped" {
 				t.Errorf("second stop: %d %v", again.status, again.body)
 			}
+			// The metrics say so on the replicas that took the requests.
+			if v := metricValue(t, b, "moonji_stops_total", `result="acked"`); v != 1 {
+				t.Errorf("B's moonji_stops_total{result=acked} = %v, want 1", v)
+			}
+			if v := metricValue(t, b, "moonji_stop_latency_seconds", ""); v != 1 {
+				t.Errorf("B's moonji_stop_latency_seconds count = %v, want 1", v)
+			}
+			if v := metricValue(t, c.replicas[2], "moonji_stops_total", `result="finished"`); v != 1 {
+				t.Errorf("C's moonji_stops_total{result=finished} = %v, want 1", v)
+			}
 		})
 	}
 }
