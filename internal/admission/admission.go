@@ -142,6 +142,15 @@ func (g *Gate) Backend() string { return g.backend }
 // when ctx ends while queued; in both of the latter cases the place in the
 // queue is freed at once and those behind move up.
 func (g *Gate) Acquire(ctx context.Context) (*Slot, error) {
+	return g.AcquireNotify(ctx, nil)
+}
+
+// AcquireNotify is Acquire that calls queued, when not nil, just before the
+// request starts to wait in the queue — and only then: a request that gets a
+// slot at once, or is refused at once, never calls it. The gateway writes a
+// queued request's pending usage row there, so that a request refused at
+// once costs a single row write.
+func (g *Gate) AcquireNotify(ctx context.Context, queued func()) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -163,6 +172,9 @@ func (g *Gate) Acquire(ctx context.Context) (*Slot, error) {
 	g.pushLocked(w)
 	g.changed()
 	g.mu.Unlock()
+	if queued != nil {
+		queued()
+	}
 
 	start := time.Now()
 	var timeout <-chan time.Time

@@ -498,3 +498,30 @@ func BenchmarkAcquireReject(b *testing.B) {
 		}
 	}
 }
+
+// AcquireNotify calls its hook only for a request that waits.
+func TestAcquireNotifyOnlyWhenQueued(t *testing.T) {
+	g := NewGate("b", Options{MaxConcurrency: 1, MaxQueue: 1})
+	calls := 0
+	hook := func() { calls++ }
+	first, err := g.AcquireNotify(context.Background(), hook)
+	if err != nil || calls != 0 {
+		t.Fatalf("a free slot: err %v, hook called %d times", err, calls)
+	}
+	got := make(chan *Slot)
+	go func() {
+		s, _ := g.AcquireNotify(context.Background(), hook)
+		got <- s
+	}()
+	for g.Queued() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := g.AcquireNotify(context.Background(), hook); err == nil {
+		t.Fatal("a full queue admitted a third request")
+	}
+	first.Release()
+	(<-got).Release()
+	if calls != 1 {
+		t.Errorf("hook called %d times, want once (the queued request only)", calls)
+	}
+}

@@ -24,6 +24,7 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
+	web.TuneRuntime()
 	srv, err := web.New(ctx, cfg, log)
 	if err != nil {
 		return err

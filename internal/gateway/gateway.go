@@ -211,7 +211,6 @@ func (g *Gateway) ChatCompletions(call Call) *Response {
 
 	x := &exchange{g: g, call: call, req: req, route: route, hdr: hdr, tokens: tokens,
 		row: g.row(call, req.Model, route.Backend.Name)}
-	x.begun = g.ledger.Begin(x.row)
 	return x.run(body)
 }
 
@@ -274,7 +273,11 @@ type exchange struct {
 	hdr    http.Header
 	tokens *ratelimit.Reservation
 	row    models.Usage
-	begun  <-chan error
+	// begun receives the result of the pending row's write; begin sets it.
+	// A request refused before it ever waited has no pending row: its one
+	// row is written final (Record) at finish.
+	begun    <-chan error
+	hasBegun bool
 
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
@@ -301,10 +304,13 @@ func (x *exchange) run(body []byte) *Response {
 		x.run_ = g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
 	}
 
-	slot, err := x.route.Backend.Gate.Acquire(x.ctx)
+	// The pending row is written when the request starts to wait in the
+	// queue (so a stop can find it there) or once it has its slot.
+	slot, err := x.route.Backend.Gate.AcquireNotify(x.ctx, x.begin)
 	if err != nil {
 		return x.admissionFailed(err)
 	}
+	x.begin()
 	x.slot = slot
 	x.row.QueueMs = slot.Waited().Milliseconds()
 	g.metrics.QueueWait.WithLabelValues(x.route.Backend.Name).Observe(slot.Waited().Seconds())
@@ -322,6 +328,14 @@ func (x *exchange) run(body []byte) *Response {
 		return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
 	}
 	return x.whole(resp)
+}
+
+// begin queues the pending ledger row, once.
+func (x *exchange) begin() {
+	if !x.hasBegun {
+		x.hasBegun = true
+		x.begun = x.g.ledger.Begin(x.row)
+	}
 }
 
 func (x *exchange) streamHeader() http.Header {
@@ -580,7 +594,11 @@ func (x *exchange) finish() {
 	if x.tokens != nil {
 		x.tokens.Reconcile(context.Background(), row.PromptTokens+row.CompletionTokens)
 	}
-	g.ledger.Finish(*row)
+	if x.hasBegun {
+		g.ledger.Finish(*row)
+	} else {
+		g.ledger.Record(*row)
+	}
 	if x.run_ != nil {
 		if row.Outcome == models.OutcomeStopped {
 			x.run_.Ack()
