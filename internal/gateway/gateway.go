@@ -273,7 +273,7 @@ type exchange struct {
 	hdr    http.Header
 	tokens *ratelimit.Reservation
 	row    models.Usage
-	// begun receives the result of the pending row's write; begin sets it.
+	// begun receives the result of the pending row's write; start sets it.
 	// A request refused before it ever waited has no pending row: its one
 	// row is written final (Record) at finish.
 	begun    <-chan error
@@ -297,20 +297,15 @@ func (x *exchange) run(body []byte) *Response {
 		_ = cancelT // released by x.cancel: the timeout context is a child
 	}
 	x.stopWatch = func() {}
-	if x.call.Watch != nil {
-		x.stopWatch = x.call.Watch(func() { x.cancel(errClientLeft) })
-	}
-	if g.stops != nil {
-		x.run_ = g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
-	}
-
-	// The pending row is written when the request starts to wait in the
-	// queue (so a stop can find it there) or once it has its slot.
-	slot, err := x.route.Backend.Gate.AcquireNotify(x.ctx, x.begin)
+	// Everything a request needs while it waits or runs — its pending row,
+	// the watch on its client, its registration for Stop — is set up when
+	// it starts to wait in the queue or once it holds its slot. A request
+	// refused at once needs none of it.
+	slot, err := x.route.Backend.Gate.AcquireNotify(x.ctx, x.start)
 	if err != nil {
 		return x.admissionFailed(err)
 	}
-	x.begin()
+	x.start()
 	x.slot = slot
 	x.row.QueueMs = slot.Waited().Milliseconds()
 	g.metrics.QueueWait.WithLabelValues(x.route.Backend.Name).Observe(slot.Waited().Seconds())
@@ -330,11 +325,19 @@ func (x *exchange) run(body []byte) *Response {
 	return x.whole(resp)
 }
 
-// begin queues the pending ledger row, once.
-func (x *exchange) begin() {
-	if !x.hasBegun {
-		x.hasBegun = true
-		x.begun = x.g.ledger.Begin(x.row)
+// start queues the pending ledger row, watches the client's connection and
+// registers the inference for Stop, once.
+func (x *exchange) start() {
+	if x.hasBegun {
+		return
+	}
+	x.hasBegun = true
+	x.begun = x.g.ledger.Begin(x.row)
+	if x.call.Watch != nil {
+		x.stopWatch = x.call.Watch(func() { x.cancel(errClientLeft) })
+	}
+	if x.g.stops != nil {
+		x.run_ = x.g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
 	}
 }
 
