@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/pprof"
+	"os"
 	"time"
 
+	"moonji/internal/config"
 	"moonji/internal/mockllm"
 	"moonji/web"
 )
@@ -25,6 +29,9 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	web.TuneRuntime()
+	if addr := os.Getenv("MOONJI_PPROF"); addr != "" {
+		startPprof(addr, log)
+	}
 	srv, err := web.New(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -48,6 +55,26 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	srv.Shutdown(15 * time.Second)
 	return err
+}
+
+// startPprof serves Go's profiler on addr (MOONJI_PPROF, e.g.
+// 127.0.0.1:6060), for finding where a busy gateway spends its time. Only a
+// loopback address is accepted: profiles reveal internals.
+func startPprof(addr string, log *slog.Logger) {
+	if !config.IsLoopback(addr) {
+		log.Warn("MOONJI_PPROF ignored: not a loopback address", "addr", addr)
+		return
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	go func() {
+		if err := http.ListenAndServe(addr, mux); err != nil {
+			log.Warn("pprof server stopped", "err", err)
+		}
+	}()
+	log.Info("profiler listening", "addr", addr)
 }
 
 func cmdMockLLM(ctx context.Context, args []string, stdout io.Writer) error {
