@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,8 +16,12 @@ import (
 // state from the authorize URL in its auth requests) finds them overwritten
 // later: sign-in failed with a client id like "d=P6GL". Copying costs little
 // on these few, rare requests.
+//
+// The context is detached too: the adaptor's is fasthttp's RequestCtx, whose
+// Done races with the server's Shutdown (seen with -race when a database
+// query watched it), and it never signals a disconnect anyway.
 func detach(r *http.Request) *http.Request {
-	c := r.Clone(r.Context())
+	c := r.Clone(context.WithoutCancel(r.Context()))
 	c.Method = strings.Clone(r.Method)
 	c.Proto = strings.Clone(r.Proto)
 	c.Host = strings.Clone(r.Host)

@@ -343,18 +343,15 @@ func (l *Ledger) write(batch []op) {
 	if err != nil && failed == nil {
 		l.log.Error("usage row lost", "rows", p.rows(), "err", err)
 	}
-	for _, o := range batch {
-		var e error
+	errs := make([]error, len(batch))
+	for i, o := range batch {
 		if failed != nil {
-			e = failed[o.row.InferenceID]
+			errs[i] = failed[o.row.InferenceID]
 		} else {
-			e = err
+			errs[i] = err
 		}
-		if o.kind == opBegin && e == nil && !merged[o.row.InferenceID] {
+		if o.kind == opBegin && errs[i] == nil && !merged[o.row.InferenceID] {
 			l.begun[o.row.InferenceID] = true
-		}
-		if o.done != nil {
-			o.done <- e
 		}
 	}
 	if l.kickCkpt != nil {
@@ -367,6 +364,12 @@ func (l *Ledger) write(batch []op) {
 	}
 	if l.onWrite != nil {
 		l.onWrite(p.rows(), time.Since(start), err)
+	}
+	// Waiters are told last, once the writer's own state is up to date.
+	for i, o := range batch {
+		if o.done != nil {
+			o.done <- errs[i]
+		}
 	}
 }
 
