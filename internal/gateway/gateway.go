@@ -182,11 +182,7 @@ func (g *Gateway) count(model, outcome string) {
 // ChatCompletions serves one chat request from parsing to the final ledger row.
 func (g *Gateway) ChatCompletions(call Call) *Response {
 	req, err := proxy.ParseRequest(call.Body)
-	if err != nil {
-		var bad *proxy.BadRequestError
-		if errors.As(err, &bad) {
-			return g.Reject(call, "", http.StatusBadRequest, "invalid_request", bad.Message, "invalid_request_error", "invalid_request", nil)
-		}
+	if err != nil { // always a *proxy.BadRequestError
 		return g.Reject(call, "", http.StatusBadRequest, "invalid_request", err.Error(), "invalid_request_error", "invalid_request", nil)
 	}
 	route, ok := g.routes[req.Model]
@@ -283,7 +279,7 @@ type exchange struct {
 	cancel    context.CancelCauseFunc
 	stopWatch func()
 	slot      *admission.Slot
-	run_      *stop.Run
+	stopRun   *stop.Run
 	firstTok  time.Time
 	finished  bool
 }
@@ -337,7 +333,7 @@ func (x *exchange) start() {
 		x.stopWatch = x.call.Watch(func() { x.cancel(errClientLeft) })
 	}
 	if x.g.stops != nil {
-		x.run_ = x.g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
+		x.stopRun = x.g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
 	}
 }
 
@@ -411,8 +407,8 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 			}
 		},
 	}
-	if x.run_ != nil {
-		opts.Stopped = x.run_.Stopped
+	if x.stopRun != nil {
+		opts.Stopped = x.stopRun.Stopped
 	}
 	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 32<<10), opts)
 	decided := false
@@ -463,11 +459,19 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 	}
 }
 
+// stopSeen is what the person who stopped the inference had seen, if said.
+func (x *exchange) stopSeen() (int, bool) {
+	if x.stopRun == nil {
+		return 0, false
+	}
+	return x.stopRun.Seen()
+}
+
 // stoppedEnding closes a stopped stream cleanly: the usage chunk if the
 // client asked for one (with what was delivered, or what the person saw),
 // then [DONE].
 func (x *exchange) stoppedEnding(res *proxy.RelayResult) []byte {
-	if seen, ok := x.run_.Seen(); ok && seen < x.row.CompletionTokens {
+	if seen, ok := x.stopSeen(); ok && seen < x.row.CompletionTokens {
 		x.row.CompletionTokens = seen
 	}
 	x.row.UsageSource = models.UsageFromCounted
@@ -602,11 +606,11 @@ func (x *exchange) finish() {
 	} else {
 		g.ledger.Record(*row)
 	}
-	if x.run_ != nil {
+	if x.stopRun != nil {
 		if row.Outcome == models.OutcomeStopped {
-			x.run_.Ack()
+			x.stopRun.Ack()
 		}
-		x.run_.End()
+		x.stopRun.End()
 	}
 	g.count(row.Model, row.Outcome)
 	g.metrics.Duration.WithLabelValues(row.Model).Observe(end.Sub(x.call.Start).Seconds())
