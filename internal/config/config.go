@@ -28,6 +28,14 @@ const (
 	KindBuiltin = "builtin" // the in-process demo engine
 )
 
+// Defaults of the top-level limits.
+const (
+	DefaultStreamWriteTimeout = 30 * time.Second
+	// DefaultMaxBodyBytes fits a chat with a few base64 images (OpenAI
+	// allows 20 MB per image) while bounding what one request can take.
+	DefaultMaxBodyBytes = 32 << 20
+)
+
 // Config is the whole configuration file.
 type Config struct {
 	Listen string `yaml:"listen"`
@@ -46,12 +54,46 @@ type Config struct {
 	Stop        Stop      `yaml:"stop"`
 	OIDC        *OIDC     `yaml:"oidc"`
 	DevIDP      DevIDP    `yaml:"dev_idp"`
+
+	// StreamWriteTimeout cancels a stream whose client makes no write
+	// progress (stops reading but keeps the socket open) for this long,
+	// freeing its backend slot.
+	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
+	// MaxBodyBytes caps a request body; larger ones get 413. Bodies are
+	// read only after the caller is authenticated.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// TrustedProxies lists the proxies (CIDRs or addresses) whose
+	// X-Forwarded-For names the client; from any other peer the header is
+	// ignored.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	CORS           CORS     `yaml:"cors"`
+	Keys           Keys     `yaml:"keys"`
+}
+
+// CORS lets browser apps on other origins call /v1.
+type CORS struct {
+	// AllowedOrigins are exact origins (scheme://host[:port]); none by
+	// default, so no other origin is granted anything.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+}
+
+// Keys bounds what people may do with their own API keys; admins are not
+// bound by it.
+type Keys struct {
+	// MaxPerPerson is how many live keys a person may hold.
+	MaxPerPerson int `yaml:"max_per_person"`
+	// MaxRPM is the highest per-key requests-per-minute a person may set;
+	// default rate_limit.requests_per_minute, so people can only lower it.
+	MaxRPM int `yaml:"max_rpm"`
 }
 
 // RateLimit holds the default per-key and per-user limits.
 type RateLimit struct {
 	RequestsPerMinute int `yaml:"requests_per_minute"`
 	TokensPerMinute   int `yaml:"tokens_per_minute"`
+	// UnauthenticatedPerMinute limits requests without a valid key or
+	// session per source address.
+	UnauthenticatedPerMinute int `yaml:"unauthenticated_per_minute"`
 }
 
 // Backend is one inference engine the gateway forwards to.
@@ -207,6 +249,21 @@ func (c *Config) applyDefaults() {
 	if c.RateLimit.RequestsPerMinute == 0 {
 		c.RateLimit.RequestsPerMinute = 60
 	}
+	if c.RateLimit.UnauthenticatedPerMinute == 0 {
+		c.RateLimit.UnauthenticatedPerMinute = 120
+	}
+	if c.StreamWriteTimeout == 0 {
+		c.StreamWriteTimeout = DefaultStreamWriteTimeout
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Keys.MaxPerPerson == 0 {
+		c.Keys.MaxPerPerson = 20
+	}
+	if c.Keys.MaxRPM == 0 {
+		c.Keys.MaxRPM = c.RateLimit.RequestsPerMinute
+	}
 	if len(c.Backends) == 0 && len(c.Models) == 0 {
 		c.Backends = []Backend{{Name: "demo", Kind: KindBuiltin, TokensPerSecond: 30}}
 		c.Models = []Model{{Name: DemoModel, Backend: "demo"}}
@@ -277,6 +334,34 @@ func (c *Config) Validate() error {
 	if c.RateLimit.TokensPerMinute < 0 {
 		bad("rate_limit.tokens_per_minute", "must not be negative")
 	}
+	if c.RateLimit.UnauthenticatedPerMinute < 0 {
+		bad("rate_limit.unauthenticated_per_minute", "must not be negative")
+	}
+	if c.StreamWriteTimeout < 0 {
+		bad("stream_write_timeout", "must not be negative")
+	}
+	if c.MaxBodyBytes < 1024 {
+		bad("max_body_bytes", "must be at least 1024, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytes > 1<<30 {
+		bad("max_body_bytes", "must be at most 1 GiB, got %d", c.MaxBodyBytes)
+	}
+	for i, p := range c.TrustedProxies {
+		if _, err := ParseCIDROrIP(p); err != nil {
+			bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
+		}
+	}
+	for i, o := range c.CORS.AllowedOrigins {
+		if !validOrigin(o) {
+			bad(fmt.Sprintf("cors.allowed_origins[%d]", i), "want an origin such as https://app.example.com (scheme, host, optional port; no path), got %q", o)
+		}
+	}
+	if c.Keys.MaxPerPerson < 0 {
+		bad("keys.max_per_person", "must not be negative")
+	}
+	if c.Keys.MaxRPM < 0 {
+		bad("keys.max_rpm", "must not be negative")
+	}
 	backends := map[string]bool{}
 	for i, b := range c.Backends {
 		key := fmt.Sprintf("backends[%d]", i)
@@ -333,10 +418,53 @@ func (c *Config) Validate() error {
 		if c.OIDC.ClientID == "" {
 			bad("oidc.client_id", "is required")
 		}
-	} else if !c.DevIDP.AllowNonLoopback && !IsLoopback(c.Listen) {
-		bad("dev_idp", "the embedded development login provider refuses to run on the non-loopback address %q; configure an oidc section, or set dev_idp.allow_non_loopback: true if you really mean it", c.Listen)
+	} else if !c.DevIDP.AllowNonLoopback {
+		if !IsLoopback(c.Listen) {
+			bad("dev_idp", "the embedded development login provider refuses to run on the non-loopback address %q; configure an oidc section, or set dev_idp.allow_non_loopback: true if you really mean it", c.Listen)
+		}
+		if !isLoopbackURL(c.PublicURL) {
+			bad("dev_idp", "the embedded development login provider refuses to serve the non-loopback public_url %q (a proxy would expose it); configure an oidc section, or set dev_idp.allow_non_loopback: true if you really mean it", c.PublicURL)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// isLoopbackURL reports whether an absolute URL names a loopback host.
+func isLoopbackURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	return IsLoopback(net.JoinHostPort(u.Hostname(), port))
+}
+
+// ParseCIDROrIP parses a CIDR ("10.0.0.0/8") or a single address
+// ("10.0.0.1", a /32 or /128).
+func ParseCIDROrIP(s string) (*net.IPNet, error) {
+	if _, n, err := net.ParseCIDR(s); err == nil {
+		return n, nil
+	}
+	ip := net.ParseIP(s)
+	if ip == nil {
+		return nil, fmt.Errorf("want a CIDR such as 10.0.0.0/8 or an address, got %q", s)
+	}
+	bits := 128
+	if ip4 := ip.To4(); ip4 != nil {
+		ip, bits = ip4, 32
+	}
+	return &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, nil
+}
+
+// validOrigin reports whether o is a browser origin: http(s), a host, an
+// optional port, nothing else.
+func validOrigin(o string) bool {
+	u, err := url.Parse(o)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
+		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && u.User == nil && u.Scheme+"://"+u.Host == o
 }
 
 // IsLoopback reports whether a listen address only accepts local connections.
