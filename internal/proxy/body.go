@@ -6,10 +6,14 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"moonji/internal/jsonguard"
 )
 
 // Request is what the gateway needs to know of a chat request.
@@ -33,14 +37,29 @@ type BadRequestError struct {
 
 func (e *BadRequestError) Error() string { return e.Message }
 
+// requestWatch lists the fields of a chat request the gateway reads or writes. A
+// repeat of one is refused: gjson and sjson take the first of repeated keys,
+// the engines (vLLM's pydantic, Ollama, llama.cpp) the last, so the gateway
+// would route, meter and patch one request and the engine run another.
+var requestWatch = jsonguard.Watch{
+	{Name: "model"},
+	{Name: "stream"},
+	{Name: "stream_options", Inner: []string{"include_usage"}},
+	{Name: "max_tokens"},
+	{Name: "max_completion_tokens"},
+	{Name: "messages"},
+}
+
 // ParseRequest reads the fields the gateway needs and checks their types.
 func ParseRequest(body []byte) (Request, error) {
 	var r Request
 	if len(body) == 0 {
 		return r, &BadRequestError{Message: "request body is empty; expected a JSON object"}
 	}
-	if !gjson.ValidBytes(body) {
-		return r, &BadRequestError{Message: "request body is not valid JSON"}
+	// The guard runs first: bounded in depth and time, it makes the body
+	// safe for gjson (which recurses per nesting level) and unambiguous.
+	if err := jsonguard.Validate(body, requestWatch); err != nil {
+		return r, guardError(err)
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
@@ -76,6 +95,24 @@ func ParseRequest(body []byte) (Request, error) {
 	}
 	r.PromptBytes = len(root.Get("messages").Raw)
 	return r, nil
+}
+
+// guardError words a jsonguard refusal for the client.
+func guardError(err error) *BadRequestError {
+	var e *jsonguard.Error
+	if !errors.As(err, &e) {
+		return &BadRequestError{Message: "request body is not valid JSON"}
+	}
+	switch e.Kind {
+	case jsonguard.TooDeep:
+		return &BadRequestError{Message: "request body nests deeper than " + strconv.Itoa(jsonguard.MaxDepth) + " levels"}
+	case jsonguard.Duplicate:
+		return &BadRequestError{Message: fmt.Sprintf("duplicate key %q in the request body", e.Field), Param: e.Field}
+	case jsonguard.CaseVariant:
+		return &BadRequestError{Message: fmt.Sprintf("key %q in the request body differs from %q only in letter case; some engines read it as %[2]q", e.Key, e.Field), Param: e.Field}
+	default:
+		return &BadRequestError{Message: fmt.Sprintf("request body is not valid JSON: %s at byte %d", e.Detail, e.Offset)}
+	}
 }
 
 // RewriteBody prepares the body for the engine: the model renamed when the
