@@ -58,18 +58,18 @@ func (h *Handler) Callback(c *fiber.Ctx) error {
 func (h *Handler) loginFailed(c *fiber.Ctx, err error) error {
 	switch {
 	case errors.Is(err, auth.ErrLoginExpired):
-		h.Log.Warn("sign-in callback refused", "reason", err.Error(), "remote", c.IP())
+		h.Log.Warn("sign-in callback refused", "reason", err.Error(), "remote", h.clientIP(c))
 		return h.message(c, http.StatusBadRequest, "Sign-in expired",
 			"This sign-in has expired or was started in another window.", "Sign in again", "/login")
 	case errors.Is(err, auth.ErrProviderRefused):
-		h.Log.Warn("sign-in refused by the provider", "err", err, "remote", c.IP())
+		h.Log.Warn("sign-in refused by the provider", "err", err, "remote", h.clientIP(c))
 		return h.message(c, http.StatusForbidden, "Sign-in refused",
 			"The sign-in provider did not sign you in.", "Try again", "/login")
 	case errors.Is(err, auth.ErrNoEmail), errors.Is(err, auth.ErrEmailConflict), errors.Is(err, auth.ErrEmailTaken):
-		h.Log.Warn("sign-in cannot become a user", "err", err, "remote", c.IP())
+		h.Log.Warn("sign-in cannot become a user", "err", err, "remote", h.clientIP(c))
 		return h.message(c, http.StatusForbidden, "Cannot sign you in", err.Error()+".", "Home", "/")
 	}
-	h.Log.Error("complete sign-in", "err", err, "remote", c.IP())
+	h.Log.Error("complete sign-in", "err", err, "remote", h.clientIP(c))
 	return h.message(c, http.StatusBadGateway, "Sign-in failed",
 		"The sign-in could not be completed. Try again.", "Try again", "/login")
 }

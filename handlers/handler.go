@@ -4,12 +4,15 @@ package handlers
 
 import (
 	"log/slog"
+	"net/netip"
+	"sync"
 
 	"github.com/gofiber/fiber/v2"
 	"gorm.io/gorm"
 
 	"moonji/internal/apikey"
 	"moonji/internal/auth"
+	"moonji/internal/clientip"
 	"moonji/internal/gateway"
 )
 
@@ -23,6 +26,48 @@ type Handler struct {
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service
+	// TrustedProxies are the proxies whose X-Forwarded-For names the client
+	// (see clientIP); without any, the TCP peer is the client.
+	TrustedProxies []netip.Prefix
+	// Keyless limits /v1 requests that carry no valid credential, per client
+	// address; nil means no limit.
+	Keyless *auth.RequestLimiter
+	// MaxKeysPerPerson is how many live keys a non-admin may hold, and
+	// MaxKeyRPM the highest per-key requests per minute they may set (0, the
+	// configured default, is always allowed): people may lower their limit,
+	// not raise it. Admins are bound by neither. Zero values allow nothing.
+	MaxKeysPerPerson int
+	MaxKeyRPM        int
+
+	// keyCreation makes counting a person's keys and creating one a single
+	// step on this replica, so that parallel forms cannot pass the count together.
+	keyCreation sync.Mutex
+}
+
+// clientIP is the address a request comes from, for limits and logs: the
+// TCP peer, or, when the peer is a trusted proxy, the first untrusted hop of
+// X-Forwarded-For counted from the right. Fiber's own ProxyHeader is not
+// used: it believes the header from anyone.
+func (h *Handler) clientIP(c *fiber.Ctx) string {
+	return h.clientAddr(c).String()
+}
+
+func (h *Handler) clientAddr(c *fiber.Ctx) netip.Addr {
+	peer, _ := netip.AddrFromSlice(c.Context().RemoteIP())
+	if len(h.TrustedProxies) == 0 {
+		return peer.Unmap()
+	}
+	var forwarded []string
+	for _, v := range c.Request().Header.PeekAll(fiber.HeaderXForwardedFor) {
+		forwarded = append(forwarded, string(v))
+	}
+	return clientip.Client(peer, forwarded, h.TrustedProxies)
+}
+
+// limitKey is what the per-address limits count a request under (an IPv6
+// client's whole /64).
+func (h *Handler) limitKey(c *fiber.Ctx) string {
+	return clientip.Bucket(h.clientAddr(c))
 }
 
 // apiError writes an error in OpenAI's format.

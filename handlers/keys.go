@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,19 +36,13 @@ func (h *Handler) CreateKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	form, problem := readKeyForm(c)
+	form, problem := readKeyForm(c, h.maxRPM(sess))
 	var secret string
 	if problem == "" {
-		var expires time.Duration
-		if form.ExpiresDays > 0 {
-			expires = time.Duration(form.ExpiresDays) * 24 * time.Hour
-		}
-		var key *models.APIKey
-		secret, key, err = apikey.Create(c.UserContext(), h.DB, sess.UserID, form.Name, expires, form.RPM)
+		secret, problem, err = h.createKey(c, sess, form)
 		if err != nil {
 			return err
 		}
-		h.Log.Info("api key created", "user", sess.UserID, "key", key.ID, "prefix", key.Prefix, "via", "web")
 	}
 	d, err := h.keysPage(c, sess, false)
 	if err != nil {
@@ -65,6 +60,55 @@ func (h *Handler) CreateKey(c *fiber.Ctx) error {
 		return render(c, http.StatusOK, views.KeyList(d))
 	}
 	return render(c, status, views.Keys(d))
+}
+
+// createKey creates the key of a valid form, unless a non-admin already
+// holds as many live keys as they may; problem then says so.
+func (h *Handler) createKey(c *fiber.Ctx, sess *models.Session, form views.KeyForm) (secret, problem string, err error) {
+	if !sess.User.Admin {
+		// Counting and creating are one step on this replica; two replicas
+		// could still each pass the count once, which is tolerable.
+		h.keyCreation.Lock()
+		defer h.keyCreation.Unlock()
+		keys, err := models.ListAPIKeys(c.UserContext(), h.DB, sess.UserID)
+		if err != nil {
+			return "", "", err
+		}
+		live, now := 0, time.Now()
+		for i := range keys {
+			if keys[i].Active(now) {
+				live++
+			}
+		}
+		if live >= h.MaxKeysPerPerson {
+			h.Log.Info("api key refused: too many keys", "user", sess.UserID, "live", live, "max", h.MaxKeysPerPerson)
+			return "", fmt.Sprintf("You already have %d active keys, the most one person may hold (%d). "+
+				"Revoke a key you no longer use, then create this one.", live, h.MaxKeysPerPerson), nil
+		}
+	}
+	var expires time.Duration
+	if form.ExpiresDays > 0 {
+		expires = time.Duration(form.ExpiresDays) * 24 * time.Hour
+	}
+	secret, key, err := apikey.Create(c.UserContext(), h.DB, sess.UserID, form.Name, expires, form.RPM)
+	if err != nil {
+		return "", "", fmt.Errorf("create api key: %w", err)
+	}
+	h.Log.Info("api key created", "user", sess.UserID, "key", key.ID, "prefix", key.Prefix, "rpm", key.RPM, "via", "web")
+	return secret, "", nil
+}
+
+// adminMaxRPM is the highest per-key requests per minute anyone may set.
+const adminMaxRPM = 1_000_000
+
+// maxRPM is the highest per-key requests per minute the person may set: an
+// admin anything up to adminMaxRPM, anyone else keys.max_rpm, so that people
+// can lower their limit but not raise it.
+func (h *Handler) maxRPM(sess *models.Session) int {
+	if sess.User.Admin {
+		return adminMaxRPM
+	}
+	return h.MaxKeyRPM
 }
 
 // RevokeKey serves POST /keys/:id/revoke: a person revokes one of their own
@@ -128,9 +172,10 @@ func viewKey(k *models.APIKey, now time.Time) views.Key {
 		Status: k.Status(now), Created: k.CreatedAt, LastUsed: k.LastUsedAt, Expires: k.ExpiresAt}
 }
 
-// readKeyForm reads and checks the create form; problem is a sentence for
-// the person when something is wrong.
-func readKeyForm(c *fiber.Ctx) (form views.KeyForm, problem string) {
+// readKeyForm reads and checks the create form, with maxRPM the highest
+// requests per minute the person may set; problem is a sentence for the
+// person when something is wrong.
+func readKeyForm(c *fiber.Ctx, maxRPM int) (form views.KeyForm, problem string) {
 	form.Name = strings.TrimSpace(c.FormValue("name"))
 	if days := strings.TrimSpace(c.FormValue("expires_days")); days != "" {
 		n, err := strconv.Atoi(days)
@@ -141,8 +186,16 @@ func readKeyForm(c *fiber.Ctx) (form views.KeyForm, problem string) {
 	}
 	if rpm := strings.TrimSpace(c.FormValue("rpm")); rpm != "" {
 		n, err := strconv.Atoi(rpm)
-		if err != nil || n < 0 || n > 1_000_000 {
-			return form, "Requests per minute must be a whole number from 0 (the default) to 1000000."
+		switch {
+		case err != nil || n < 0:
+			return form, "Requests per minute must be a whole number (leave it empty for the default)."
+		case n > maxRPM && maxRPM < adminMaxRPM:
+			form.RPM = n
+			return form, fmt.Sprintf("Requests per minute can be at most %d (leave it empty for the default). "+
+				"You can lower a key's limit, not raise it; ask an admin if you need more.", maxRPM)
+		case n > maxRPM:
+			form.RPM = n
+			return form, fmt.Sprintf("Requests per minute can be at most %d.", maxRPM)
 		}
 		form.RPM = n
 	}

@@ -20,34 +20,44 @@ const localSession = "moonji.session"
 // noSession marks in c.Locals that the request was looked at and has none.
 type noSession struct{}
 
+// blockedSession marks in c.Locals that the request's cookie named no
+// session and came from an address that has failed too often.
+type blockedSession struct{}
+
 // errBlocked means the client's address has failed authentication too often.
 var errBlocked = errors.New("too many failed authentications from this address; wait a minute")
 
-// session returns the request's live session, or nil. A cookie that names no
-// live session counts as a failed authentication of the client's address and
-// is cleared. From a blocked address the cookie is not even looked up.
+// session returns the request's live session, or nil. The cookie is looked
+// up first, whatever the address: a valid session is never refused because
+// others behind the same address (a NAT, a proxy) failed. A cookie that
+// names no live session is cleared and counts as a failed authentication of
+// the client's address; from an address that has already failed too often it
+// is answered errBlocked, without a log line.
 func (h *Handler) session(c *fiber.Ctx) (*models.Session, error) {
 	switch v := c.Locals(localSession).(type) {
 	case *models.Session:
 		return v, nil
 	case noSession:
 		return nil, nil
+	case blockedSession:
+		return nil, errBlocked
 	}
 	cookie := c.Cookies(h.Auth.SessionCookieName())
 	if cookie == "" {
 		c.Locals(localSession, noSession{})
 		return nil, nil
 	}
-	now := time.Now()
-	if h.Auth.Failures.Blocked(c.IP(), now) {
-		return nil, errBlocked
-	}
 	sess, err := h.Auth.Session(c.UserContext(), cookie)
 	if errors.Is(err, auth.ErrNoSession) {
-		h.Auth.Failures.Fail(c.IP(), now)
-		h.Log.Warn("authentication failed", "kind", "session", "reason", "unknown or expired session",
-			"remote", c.IP(), "method", c.Method(), "path", c.Path())
 		setCookie(c, h.Auth.SessionCookie("", -1))
+		now, addr := time.Now(), h.limitKey(c)
+		if h.Auth.Failures.Blocked(addr, now) {
+			c.Locals(localSession, blockedSession{})
+			return nil, errBlocked
+		}
+		h.Auth.Failures.Fail(addr, now)
+		h.Log.Warn("authentication failed", "kind", "session", "reason", "unknown or expired session",
+			"remote", h.clientIP(c), "method", c.Method(), "path", c.Path())
 		c.Locals(localSession, noSession{})
 		return nil, nil
 	}
@@ -72,7 +82,7 @@ func (h *Handler) csrfOK(c *fiber.Ctx, sess *models.Session, form bool) bool {
 	if auth.CheckCSRF(sess, token) {
 		return true
 	}
-	h.Log.Warn("CSRF check failed", "user", sess.UserID, "remote", c.IP(), "method", c.Method(), "path", c.Path())
+	h.Log.Warn("CSRF check failed", "user", sess.UserID, "remote", h.clientIP(c), "method", c.Method(), "path", c.Path())
 	return false
 }
 
@@ -80,21 +90,28 @@ func (h *Handler) csrfOK(c *fiber.Ctx, sess *models.Session, form bool) bool {
 // A state-changing call must carry the CSRF token in the X-CSRF-Token header:
 // /v1 bodies are JSON, and a cross-site form must not spend a person's quota.
 func (h *Handler) sessionPrincipal(c *fiber.Ctx) (gateway.Principal, bool) {
+	p, ok, _ := h.webPrincipal(c)
+	return p, ok
+}
+
+// webPrincipal is sessionPrincipal that also says why there is none:
+// errBlocked when the cookie failed from a blocked address.
+func (h *Handler) webPrincipal(c *fiber.Ctx) (gateway.Principal, bool, error) {
 	if h.Auth == nil {
-		return gateway.Principal{}, false
+		return gateway.Principal{}, false, nil
 	}
 	sess, err := h.session(c)
 	if err != nil {
 		if !errors.Is(err, errBlocked) {
 			h.Log.Error("look up session", "err", err)
 		}
-		return gateway.Principal{}, false
+		return gateway.Principal{}, false, err
 	}
 	if sess == nil || !h.csrfOK(c, sess, false) {
-		return gateway.Principal{}, false
+		return gateway.Principal{}, false, nil
 	}
 	return gateway.Principal{UserID: sess.UserID, Email: sess.User.Email, Admin: sess.User.Admin,
-		Source: gateway.SourceWeb}, true
+		Source: gateway.SourceWeb}, true, nil
 }
 
 // RequirePageSession guards pages: without a session, GET goes to the

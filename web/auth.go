@@ -6,12 +6,14 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/filesystem"
 
 	"moonji/handlers"
 	"moonji/internal/auth"
+	"moonji/internal/clientip"
 	"moonji/internal/devidp"
 	"moonji/static"
 )
@@ -23,7 +25,8 @@ const devClientID = "moonji"
 const devIDPPath = "/idp"
 
 // setupAuth mounts sign-in (with the embedded provider when no oidc section
-// is configured), the pages, /api and the static files, and fills h.Auth.
+// is configured), the pages, /api and the static files, and fills h.Auth and
+// the handlers' limits on people and addresses.
 // Pages and /api accept only a login session; API keys work on /v1 alone.
 func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app := s.App
@@ -37,6 +40,10 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		if err != nil {
 			return err
 		}
+		if !s.Config.DevIDP.AllowNonLoopback {
+			// Outside the lazy build, so that a refused request costs no RSA key.
+			idp = devidp.LoopbackOnly(idp, s.log)
+		}
 		app.All(devIDPPath+"/*", adaptor.HTTPHandler(idp))
 		provider = auth.Provider{Issuer: s.Config.PublicURL + devIDPPath, ClientID: devClientID,
 			Scopes: []string{"openid", "profile", "email"}}
@@ -49,6 +56,9 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		return fmt.Errorf("set up sign-in: %w", err)
 	}
 	h.Auth = svc
+	if err := s.limitPeople(h); err != nil {
+		return err
+	}
 
 	app.Use("/static", filesystem.New(filesystem.Config{Root: http.FS(static.FS), MaxAge: 300}))
 	app.Get("/", h.Home)
@@ -70,13 +80,31 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	return nil
 }
 
+// limitPeople gives the handlers what bounds people and addresses: the
+// trusted proxies that decide the client's address, the budget of requests
+// without a valid credential, and what non-admins may do with their keys.
+func (s *Server) limitPeople(h *handlers.Handler) error {
+	trusted, err := clientip.ParsePrefixes(s.Config.TrustedProxies)
+	if err != nil {
+		return fmt.Errorf("trusted_proxies: %w", err)
+	}
+	h.TrustedProxies = trusted
+	if n := s.Config.RateLimit.UnauthenticatedPerMinute; n > 0 {
+		h.Keyless = auth.NewRequestLimiter(n, time.Minute)
+	}
+	h.MaxKeysPerPerson, h.MaxKeyRPM = s.Config.Keys.MaxPerPerson, s.Config.Keys.MaxRPM
+	return nil
+}
+
 // devProvider prepares the embedded development provider: it makes sure its
 // admin exists (password from MOONJI_DEV_ADMIN_PASSWORD, else generated and
-// logged once) and returns its handler. The provider itself is built on the
-// first request, because generating its RSA key takes a noticeable moment
-// that a server which nobody signs in to (most tests) need not spend.
+// written to a file only this user can read) and returns its handler. The
+// provider itself is built on the first request, because generating its RSA
+// key takes a noticeable moment that a server which nobody signs in to (most
+// tests) need not spend.
 func (s *Server) devProvider(ctx context.Context) (http.Handler, error) {
-	if err := auth.BootstrapDevAdmin(ctx, s.DB, s.log, s.Config.DevIDP.AdminEmail, os.Getenv(auth.DevAdminPasswordEnv)); err != nil {
+	if err := auth.BootstrapDevAdmin(ctx, s.DB, s.log, s.Config.DevIDP.AdminEmail, os.Getenv(auth.DevAdminPasswordEnv),
+		auth.DevAdminPasswordPath(s.Config.DatabaseURL)); err != nil {
 		return nil, err
 	}
 	public := s.Config.PublicURL

@@ -177,12 +177,49 @@ func (s *Service) LogoutURL(ctx context.Context, idToken string) string {
 	return u.String()
 }
 
-// SafeNext keeps a return-to address only when it is a path on this site, so
-// that /login?next= cannot send people elsewhere.
+// SafeNext keeps a return-to address only when it is a path on this site,
+// so that /login?next= cannot send people elsewhere; anything else becomes
+// "/". Browsers parse a Location by the WHATWG URL rules, which drop tab, CR
+// and LF anywhere and read a backslash as a slash: "/\t/evil.example" and
+// "/\\evil.example" both lead to evil.example. So the address must be
+// visible ASCII without a backslash, start with exactly one slash, have no
+// scheme or host, and its path, once percent-decoded, must still pass the
+// same checks (a later hop that decodes it must not find "//" or a dot
+// segment either).
 func SafeNext(next string) string {
-	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") ||
-		strings.ContainsAny(next, "\\\r\n") || len(next) > 1000 {
+	if next == "" || len(next) > 1000 || !safeNextChars(next) ||
+		next[0] != '/' || strings.HasPrefix(next, "//") {
 		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return "/"
+	}
+	// u.Path is the percent-decoded path.
+	p := u.Path
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") ||
+		strings.ContainsAny(p, "\\") || strings.IndexFunc(p, isControl) >= 0 {
+		return "/"
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return "/"
+		}
 	}
 	return next
 }
+
+// safeNextChars reports whether s is visible ASCII without a backslash: what
+// a request target holds (browsers percent-encode the rest), and nothing a
+// URL parser strips or reinterprets.
+func safeNextChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b <= ' ' || b >= 0x7f || b == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// isControl reports a C0 or C1 control character or DEL.
+func isControl(r rune) bool { return r < ' ' || (r >= 0x7f && r <= 0x9f) }

@@ -9,6 +9,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -30,7 +31,7 @@ func newIDPEnv(t *testing.T, password string) *idpEnv {
 	t.Helper()
 	ctx := context.Background()
 	db := testDB(t)
-	if err := BootstrapDevAdmin(ctx, db, quietLog(), "admin@localhost", password); err != nil {
+	if err := BootstrapDevAdmin(ctx, db, quietLog(), "admin@localhost", password, filepath.Join(t.TempDir(), DevAdminPasswordFile)); err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"moonji/models"
@@ -58,9 +59,23 @@ func (r exportRow) csv() []string {
 	if r.KeyID != nil {
 		key = strconv.FormatUint(uint64(*r.KeyID), 10)
 	}
-	return []string{r.InferenceID, r.CreatedAt, r.User, key, r.Source, r.Model, r.Backend, r.Outcome,
-		strconv.Itoa(r.Status), r.Reason, strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CompletionTokens),
-		r.UsageSource, strconv.FormatInt(r.QueueMs, 10), opt(r.TTFTMs), strconv.FormatInt(r.DurationMs, 10)}
+	t := csvText
+	return []string{t(r.InferenceID), t(r.CreatedAt), t(r.User), key, t(r.Source), t(r.Model), t(r.Backend), t(r.Outcome),
+		strconv.Itoa(r.Status), t(r.Reason), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CompletionTokens),
+		t(r.UsageSource), strconv.FormatInt(r.QueueMs, 10), opt(r.TTFTMs), strconv.FormatInt(r.DurationMs, 10)}
+}
+
+// csvText makes a text cell safe to open in a spreadsheet. Some of the
+// ledger's text comes from callers (the model name of any request, even a
+// refused one), and Excel, LibreOffice and Google Sheets run a cell that
+// starts with =, +, -, @, tab or CR as a formula: such a cell gets a leading
+// single quote, as OWASP's "CSV Injection" advice says, which spreadsheets
+// show as text. Numeric cells are written by the gateway and left alone.
+func csvText(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
 }
 
 func cmdUsage(ctx context.Context, args []string, stdout io.Writer) error {

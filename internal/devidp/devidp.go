@@ -50,8 +50,8 @@ type Accounts interface {
 
 // Client is a relying party allowed to sign in through the provider. An empty Secret makes it a
 // public client that must use PKCE; with a Secret it authenticates with client_secret_basic or
-// client_secret_post (PKCE optional but verified when sent). Redirect URIs must match exactly,
-// except that a public client's loopback URIs match on any port (RFC 8252).
+// client_secret_post (PKCE optional but verified when sent). Redirect and post-logout URIs must
+// match a registered one exactly, port included, loopback ones too.
 type Client struct {
 	ID                     string
 	Secret                 string

@@ -534,14 +534,13 @@ func (c *client) GetID() string                    { return c.id }
 func (c *client) RedirectURIs() []string           { return c.redirectURIs }
 func (c *client) PostLogoutRedirectURIs() []string { return c.postLogoutRedirectURIs }
 
-// ApplicationType: a client without secret is "native" so the op's loopback rules apply to it
-// (RFC 8252: any port on 127.0.0.1 matches), which suits e2e runs on random ports.
-func (c *client) ApplicationType() op.ApplicationType {
-	if c.secret == "" {
-		return op.ApplicationTypeNative
-	}
-	return op.ApplicationTypeWeb
-}
+// ApplicationType is "web" for every client, public ones included, so that redirect and
+// post-logout URIs must match a registered one exactly. A "native" client would get RFC 8252's
+// loopback rule — any port on 127.0.0.1 matches — and then any local program listening on a port
+// of its choosing could receive the authorization code. Moonji registers its own callback, port
+// and all, so it needs no such leeway. (Web clients may use plain http only in DevMode, below;
+// the application type decides nothing else in pkg/op.)
+func (c *client) ApplicationType() op.ApplicationType { return op.ApplicationTypeWeb }
 
 // AuthMethod is none (PKCE only) without a secret, else client_secret_basic; the provider also
 // accepts client_secret_post (Config.AuthMethodPost).
