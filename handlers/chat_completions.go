@@ -2,33 +2,227 @@ package handlers
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
 
 	"moonji/internal/connwatch"
 	"moonji/internal/gateway"
 )
 
-// ChatCompletions serves POST /v1/chat/completions. Every request gets an
-// X-Inference-Id and leaves exactly one usage row, whatever happens.
-func (h *Handler) ChatCompletions(c *fiber.Ctx) error {
-	call := gateway.Call{ID: gateway.NewInferenceID(), Start: time.Now()}
-	c.Set("X-Inference-Id", call.ID)
-	// Fiber reuses the request buffer after the handler returns, and a
-	// stream outlives the handler: the gateway gets its own copy.
-	call.Body = bytes.Clone(c.Body())
+// ChatCompletions serves POST /v1/chat/completions, with request bodies of
+// at most maxBody bytes. Every request gets an X-Inference-Id and leaves
+// exactly one usage row, whatever happens.
+func (h *Handler) ChatCompletions(maxBody int64) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		call := gateway.Call{ID: gateway.NewInferenceID(), Start: time.Now()}
+		SetRequestID(c, call.ID)
 
-	p, err := h.principal(c)
-	if err != nil {
-		ae := asAuthError(err)
-		model := gjson.GetBytes(call.Body, "model").Str
-		return writeResponse(c, h.Gateway.Reject(call, model, ae.status, ae.reason,
-			ae.Error(), "invalid_request_error", ae.code, ae.header()))
+		// The caller is identified before the body is read (the server
+		// streams request bodies): a request without a valid key costs
+		// its headers, whatever body it announces or sends. Its row has no
+		// model: the name would come from a body nobody vouches for.
+		p, err := h.principal(c)
+		if err != nil {
+			ae := asAuthError(err)
+			SkipBody(c)
+			return writeResponse(c, h.Gateway.Reject(call, "", ae.status, ae.reason,
+				ae.Error(), "invalid_request_error", ae.code, ae.header()))
+		}
+		call.Principal = p
+		// The gateway owns the body from here on (a stream outlives the
+		// handler, and Fiber reuses its buffers): ReadBody's buffer is
+		// the only copy.
+		if call.Body, err = ReadBody(c, maxBody); err != nil {
+			be := asBodyError(err)
+			return writeResponse(c, h.Gateway.Reject(call, "", be.Status, be.Reason,
+				be.Message, "invalid_request_error", be.Code, nil))
+		}
+		call.Conn = c.Context().Conn()
+		if c.Context().Request.Header.IsHTTP11() {
+			// An HTTP/1.1 client must accept an interim 1xx answer (RFC 9110
+			// 15.2): written only to a client that has half-closed, it tells one
+			// that still reads from one that is gone.
+			call.Probe = connwatch.InterimProbe
+		}
+		return writeResponse(c, h.Gateway.ChatCompletions(call))
 	}
-	call.Principal = p
-	conn := c.Context().Conn()
-	call.Watch = func(onClose func()) func() { return connwatch.Watch(conn, onClose) }
-	return writeResponse(c, h.Gateway.ChatCompletions(call))
+}
+
+// SetRequestID names a /v1 answer: X-Inference-Id, and the same value as
+// x-request-id, which the openai SDKs expose as request_id.
+func SetRequestID(c *fiber.Ctx, id string) {
+	c.Set("X-Inference-Id", id)
+	c.Set("X-Request-Id", id)
+}
+
+// BodyError says why a request body was refused, and how to answer.
+type BodyError struct {
+	Status  int
+	Reason  string // the ledger's reason
+	Code    string // OpenAI's error code
+	Message string
+}
+
+func (e *BodyError) Error() string { return e.Message }
+
+func asBodyError(err error) *BodyError {
+	if be, ok := err.(*BodyError); ok {
+		return be
+	}
+	return &BodyError{Status: http.StatusBadRequest, Reason: "invalid_request", Code: "invalid_request", Message: err.Error()}
+}
+
+func bodyTooLarge(limit int64) *BodyError {
+	return &BodyError{Status: http.StatusRequestEntityTooLarge, Reason: "body_too_large", Code: "request_too_large",
+		Message: fmt.Sprintf("The request body is larger than this gateway's limit of %d bytes.", limit)}
+}
+
+// readAhead is how much of a body fasthttp reads with the headers, before
+// any handler runs, when it streams request bodies (8 KiB in
+// readBodyWithStreaming).
+const readAhead = 8 << 10
+
+// ReadBody reads the request body, at most limit bytes, into a buffer of
+// its own; a gzip or deflate Content-Encoding is inflated (the limit
+// applies to what it inflates to) and removed from the request, so nothing
+// downstream inflates it again. The server streams request bodies, so
+// nothing but fasthttp's read-ahead has been read before: a body announced
+// larger than limit is refused without reading a byte of it, a chunked or
+// compressed one as soon as it passes limit. A refused or unreadable body is
+// left on the connection, which is then closed after the answer (see
+// SkipBody). Errors are *BodyError.
+func ReadBody(c *fiber.Ctx, limit int64) ([]byte, error) {
+	req := &c.Context().Request
+	length := int64(req.Header.ContentLength()) // -1: chunked
+	if length > limit {
+		SkipBody(c)
+		return nil, bodyTooLarge(limit)
+	}
+	encoding := strings.ToLower(strings.TrimSpace(c.Get(fiber.HeaderContentEncoding)))
+	if encoding == "identity" {
+		encoding = ""
+	}
+	if encoding != "" && encoding != "gzip" && encoding != "x-gzip" && encoding != "deflate" {
+		SkipBody(c)
+		return nil, &BodyError{Status: http.StatusUnsupportedMediaType, Reason: "invalid_request", Code: "unsupported_content_encoding",
+			Message: fmt.Sprintf("Content-Encoding %q is not supported; send gzip, deflate or an uncompressed body.", encoding)}
+	}
+	var raw io.Reader = c.Context().RequestBodyStream()
+	if raw == nil {
+		// Nothing is streamed: there is no body, or the server reads
+		// bodies whole (bounded by its own limit).
+		whole := req.Body()
+		if int64(len(whole)) > limit {
+			return nil, bodyTooLarge(limit)
+		}
+		raw, length = bytes.NewReader(whole), int64(len(whole))
+	}
+	if encoding == "" && length >= 0 {
+		// One allocation of the announced size; the client cannot send
+		// more than it announced.
+		body := make([]byte, length)
+		if _, err := io.ReadFull(raw, body); err != nil {
+			SkipBody(c)
+			return nil, unreadable(err)
+		}
+		return body, nil
+	}
+	r := raw
+	switch encoding {
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(raw)
+		if err != nil {
+			SkipBody(c)
+			return nil, unreadable(err)
+		}
+		r = zr
+	case "deflate": // HTTP's deflate is the zlib format
+		zr, err := zlib.NewReader(raw)
+		if err != nil {
+			SkipBody(c)
+			return nil, unreadable(err)
+		}
+		r = zr
+	}
+	body, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		SkipBody(c)
+		return nil, unreadable(err)
+	}
+	if int64(len(body)) > limit {
+		SkipBody(c)
+		return nil, bodyTooLarge(limit)
+	}
+	if encoding != "" {
+		req.Header.Del(fiber.HeaderContentEncoding)
+		// Bytes after the compressed data would be taken for the next
+		// request on the connection.
+		var b [1]byte
+		if n, _ := raw.Read(b[:]); n > 0 {
+			SkipBody(c)
+		}
+	}
+	return body, nil
+}
+
+func unreadable(err error) *BodyError {
+	return &BodyError{Status: http.StatusBadRequest, Reason: "invalid_request", Code: "invalid_request",
+		Message: "The request body could not be read: " + err.Error()}
+}
+
+// SkipBody leaves the rest of the request body unread. What fasthttp read
+// ahead with the headers (a body of at most readAhead bytes) is dropped,
+// so the connection can carry the next request. If more may follow, the
+// next request would start inside this body: the connection is closed
+// after the answer, the way net/http does it (see lingerClose).
+func SkipBody(c *fiber.Ctx) {
+	ctx := c.Context()
+	stream := ctx.RequestBodyStream()
+	if stream == nil {
+		return
+	}
+	if n := ctx.Request.Header.ContentLength(); n >= 0 && n <= readAhead {
+		if _, err := io.Copy(io.Discard, stream); err == nil {
+			return
+		}
+	}
+	conn := ctx.Conn()
+	ctx.Response.SetConnectionClose()
+	// fasthttp would close the connection right after the answer, with the
+	// client's body still arriving: the kernel then resets it, and a client
+	// still writing its body often sees that reset, not the answer (Go's
+	// client did, every time). So the server writes no answer itself, and
+	// the connection is handed over once the handler (or errorHandler) has
+	// set the answer.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) { lingerClose(ctx, conn) })
+}
+
+// lingerDelay is how long a connection whose request body was left unread
+// stays open after its answer (net/http's rstAvoidanceDelay).
+const lingerDelay = 500 * time.Millisecond
+
+// lingerClose writes ctx's answer to conn, ends the server's side of the
+// connection (FIN), and waits lingerDelay before fasthttp closes it, so the
+// client reads the answer before the reset that the unread bytes cause. The
+// rest of the body is never read: what the client sends meanwhile waits in
+// the kernel's buffers until the close. ctx is valid until this returns.
+func lingerClose(ctx *fasthttp.RequestCtx, conn net.Conn) {
+	_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := ctx.Response.WriteTo(conn); err != nil {
+		return
+	}
+	if tc, ok := conn.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+	time.Sleep(lingerDelay)
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+
+	"moonji/internal/gateway"
 )
 
 type modelObject struct {
@@ -18,8 +20,10 @@ type modelObject struct {
 // configuration, and this is when it was loaded.
 var started = time.Now().Unix()
 
-// Models serves GET /v1/models: the configured model names.
+// Models serves GET /v1/models: the configured model names. Like every /v1
+// answer it carries a request id (it leaves no usage row).
 func (h *Handler) Models(c *fiber.Ctx) error {
+	SetRequestID(c, gateway.NewInferenceID())
 	if _, err := h.principal(c); err != nil {
 		return authFailed(c, err)
 	}
@@ -32,6 +36,7 @@ func (h *Handler) Models(c *fiber.Ctx) error {
 
 // Model serves GET /v1/models/{id}.
 func (h *Handler) Model(c *fiber.Ctx) error {
+	SetRequestID(c, gateway.NewInferenceID())
 	if _, err := h.principal(c); err != nil {
 		return authFailed(c, err)
 	}

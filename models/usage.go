@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -23,7 +25,10 @@ const (
 const (
 	UsageFromEngine  = "engine"  // the engine's usage object
 	UsageFromCounted = "counted" // counted from delivered chunks (stream cut short)
-	UsageNone        = "none"
+	// UsageEstimated: the engine never said; the prompt's tokens are
+	// estimated from its text (and the completion counted from chunks).
+	UsageEstimated = "estimated"
+	UsageNone      = "none"
 )
 
 // Usage is one row of the ledger: exactly one per inference request.
@@ -42,7 +47,7 @@ type Usage struct {
 	Reason           string `gorm:"size:200"`
 	PromptTokens     int
 	CompletionTokens int
-	UsageSource      string `gorm:"size:8"`
+	UsageSource      string `gorm:"size:16"`
 	QueueMs          int64
 	TTFTMs           *int64
 	DurationMs       int64
@@ -50,6 +55,59 @@ type Usage struct {
 	// restarted or vanished replica's unfinished rows can be closed without
 	// touching those its siblings are still serving.
 	Replica string `gorm:"size:200;index"`
+}
+
+// Sanitize makes every string column storable, whatever a client sent: a
+// row PostgreSQL refuses (a value longer than its column, a NUL byte,
+// invalid UTF-8) is a request whose inference id has no row. Invalid bytes
+// become U+FFFD, C0 control characters (NUL, tab, newline, escape, …) are
+// dropped, and each value is cut to its column's size in characters, the
+// unit of PostgreSQL's varchar(n). The sizes are those of the gorm tags
+// above; a test keeps the two in step.
+func (u *Usage) Sanitize() {
+	u.InferenceID = Storable(u.InferenceID, 40)
+	u.User = Storable(u.User, 320)
+	u.Source = Storable(u.Source, 8)
+	u.Model = Storable(u.Model, 200)
+	u.Backend = Storable(u.Backend, 200)
+	u.Outcome = Storable(u.Outcome, 16)
+	u.Reason = Storable(u.Reason, 200)
+	u.UsageSource = Storable(u.UsageSource, 16)
+	u.Replica = Storable(u.Replica, 200)
+}
+
+// Storable returns s as valid UTF-8 without C0 control characters, cut to
+// at most size characters (never inside one). A value that is already so is
+// returned as it is, without allocating.
+func Storable(s string, size int) string {
+	clean := true
+	n := 0
+	for _, r := range s {
+		// A range over a string yields U+FFFD for each invalid byte; a
+		// real U+FFFD is rare enough to take the slow path too.
+		if r < 0x20 || r == utf8.RuneError {
+			clean = false
+			break
+		}
+		n++
+	}
+	if clean && n <= size {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(min(len(s), size*utf8.UTFMax))
+	n = 0
+	for _, r := range strings.ToValidUTF8(s, string(utf8.RuneError)) {
+		if r < 0x20 {
+			continue
+		}
+		if n == size {
+			break
+		}
+		b.WriteRune(r)
+		n++
+	}
+	return b.String()
 }
 
 // Replica is a running gateway replica's heartbeat.

@@ -1,21 +1,37 @@
 package web
 
 import (
+	"errors"
+
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 
 	"moonji/handlers"
 )
 
-// routes mounts every endpoint.
+// smallBodyLimit bounds the body of every request but a chat completion:
+// forms, the stop endpoint's JSON, the sign-in provider's token requests
+// take a few hundred bytes.
+const smallBodyLimit = 64 << 10
+
+// routes mounts every endpoint. Fiber runs handlers in the order they are
+// mounted, which matters here: CORS comes first on /v1, then the chat
+// endpoint, which reads its own body after checking the key, then
+// smallBodies, which every later route (including those setupAuth mounts)
+// goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
+	if len(s.Config.CORS.AllowedOrigins) > 0 {
+		app.Use("/v1", cors(s.Config.CORS.AllowedOrigins))
+	}
+	v1 := app.Group("/v1")
+	v1.Post("/chat/completions", h.ChatCompletions(s.Config.MaxBodyBytes))
+
+	app.Use(smallBodies(smallBodyLimit))
 	app.Get("/healthz", func(c *fiber.Ctx) error { return c.SendString("ok") })
 	app.Get("/readyz", s.ready)
 	app.Get("/metrics", adaptor.HTTPHandler(s.Metrics.Handler()))
 
-	v1 := app.Group("/v1")
-	v1.Post("/chat/completions", h.ChatCompletions)
 	v1.Get("/models", h.Models)
 	v1.Get("/models/*", h.Model)
 	v1.Post("/inferences/:id/cancel", h.CancelInference)
@@ -23,4 +39,28 @@ func (s *Server) routes(h *handlers.Handler) {
 	// The stop for people authenticates itself (session + CSRF header), so
 	// it does not depend on the /api group's middleware order.
 	app.Post("/api/v1/inference/stop", h.StopInference)
+}
+
+// smallBodies reads the request body, at most limit bytes, before the
+// handler runs. The server streams request bodies, and fasthttp would
+// otherwise read one whole (with no bound) the first time a handler asks
+// for it — c.Body(), a form value, Fiber's adaptor for the sign-in
+// provider. Reading it here also empties the connection for the next
+// request when a handler ignores the body. A larger body is refused from
+// its Content-Length, or as soon as a chunked one passes the limit.
+func smallBodies(limit int64) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		body, err := handlers.ReadBody(c, limit)
+		var be *handlers.BodyError
+		if errors.As(err, &be) {
+			return fiber.NewError(be.Status, be.Message)
+		}
+		if err != nil {
+			return fiber.NewError(fiber.StatusBadRequest, err.Error())
+		}
+		if c.Context().RequestBodyStream() != nil {
+			c.Request().SetBodyRaw(body)
+		}
+		return c.Next()
+	}
 }

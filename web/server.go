@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
 	"gorm.io/gorm"
 
 	"moonji/handlers"
@@ -170,17 +172,32 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	s.Gateway = gateway.New(gateway.Options{
 		Routes: routes, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
-		Stops: s.Stops, Replica: cfg.ReplicaID, Log: log,
+		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Log: log,
 	})
 
 	s.App = fiber.New(fiber.Config{
 		AppName:               "moonji",
 		DisableStartupMessage: true,
-		BodyLimit:             32 << 20,
-		ReadTimeout:           60 * time.Second,
-		IdleTimeout:           120 * time.Second,
-		ErrorHandler:          s.errorHandler,
+		// Bodies are streamed: fasthttp reads 8 KiB with the headers and
+		// leaves the rest to the handler, which checks the caller first
+		// and reads within its own limit (handlers.ReadBody). Read whole
+		// before any handler, 16 key-less 31 MB requests took a gigabyte.
+		// BodyLimit only bounds that read-ahead now; fasthttp answers no
+		// 413 of its own.
+		StreamRequestBody: true,
+		BodyLimit:         int(cfg.MaxBodyBytes),
+		// A multipart body would otherwise be parsed (and spooled to
+		// disk) before any handler runs; no endpoint takes one.
+		DisablePreParseMultipartForm: true,
+		ReadTimeout:                  60 * time.Second,
+		// A client that does not read a whole answer holds its connection
+		// no longer than this; a stream's relay re-arms the deadline per
+		// frame (gateway), so only a stall ends it.
+		WriteTimeout: cfg.StreamWriteTimeout,
+		IdleTimeout:  120 * time.Second,
+		ErrorHandler: s.errorHandler,
 	})
+	markUnread(s.App.Server())
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}}
 	s.routes(h)
@@ -332,8 +349,15 @@ func (s *Server) closeAll() {
 	s.closers = nil
 }
 
-// errorHandler answers errors that escape handlers: OpenAI's format under
-// /v1, plain text elsewhere.
+// errorHandler answers errors that escape handlers, and those fasthttp
+// raises before any handler runs (headers too large: 431, unreadable
+// request: 400, read timeout: 408), which Fiber passes here: OpenAI's format
+// and a request id under /v1, plain text elsewhere. Such an answer leaves no
+// usage row: no key was checked. A wrong method or path (405, 404) never
+// reaches a handler, a body too large for any endpoint but the chat one is
+// refused before its handler (413, smallBodies), and fasthttp's refusals
+// come before any route; the chat endpoint writes its own refusals, with
+// their rows.
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	status := fiber.StatusInternalServerError
 	var fe *fiber.Error
@@ -347,13 +371,54 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if status >= 500 {
 		msg = "internal error"
 	}
-	if len(c.Path()) >= 3 && c.Path()[:3] == "/v1" {
-		typ := "invalid_request_error"
-		if status >= 500 {
-			typ = "server_error"
-		}
-		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-		return c.Status(status).Send(gateway.ErrorBody(msg, typ, ""))
+	if !onV1(c) {
+		return c.Status(status).SendString(msg)
 	}
-	return c.Status(status).SendString(msg)
+	if c.GetRespHeader("X-Inference-Id") == "" {
+		handlers.SetRequestID(c, gateway.NewInferenceID())
+	}
+	typ, code := "invalid_request_error", ""
+	switch {
+	case status >= 500:
+		typ = "server_error"
+	case status == fiber.StatusRequestEntityTooLarge:
+		code = "request_too_large"
+	case status == fiber.StatusRequestHeaderFieldsTooLarge:
+		code = "request_headers_too_large"
+	case status == fiber.StatusMethodNotAllowed:
+		code = "method_not_allowed"
+	case status == fiber.StatusNotFound:
+		code = "not_found"
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(status).Send(gateway.ErrorBody(msg, typ, code))
+}
+
+// unreadRequest marks (in the fasthttp context's user values) an error
+// fasthttp raised while reading a request, before any route.
+const unreadRequest = "moonji.unread_request"
+
+// markUnread wraps the fasthttp server's error handler (Fiber's, which maps
+// fasthttp's errors and calls errorHandler) to mark such errors.
+func markUnread(srv *fasthttp.Server) {
+	fiberHandler := srv.ErrorHandler
+	srv.ErrorHandler = func(ctx *fasthttp.RequestCtx, err error) {
+		ctx.SetUserValue(unreadRequest, true)
+		fiberHandler(ctx, err)
+	}
+}
+
+// onV1 reports whether c is a request to /v1 (Fiber matches paths without
+// regard to case). A request fasthttp could not read has no path (its
+// headers are reset: it reads as GET /); it may well have been one, and
+// takes /v1's answer, which any client can read.
+func onV1(c *fiber.Ctx) bool {
+	if c.Context().UserValue(unreadRequest) != nil {
+		return true
+	}
+	p := c.Path()
+	if strings.EqualFold(p, "/api/v1/inference/stop") {
+		return true // the web stop answers in OpenAI's shape too
+	}
+	return len(p) >= 3 && strings.EqualFold(p[:3], "/v1") && (len(p) == 3 || p[3] == '/')
 }

@@ -125,6 +125,10 @@ func (l *Ledger) Record(row models.Usage) {
 }
 
 func (l *Ledger) enqueue(o op) {
+	// Whatever a client sent (a model name of any length, NULs, invalid
+	// UTF-8) must not cost the row: PostgreSQL refuses such values, and
+	// the client already holds the row's inference id.
+	o.row.Sanitize()
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
