@@ -2,77 +2,192 @@
 // is still being served. fasthttp (under Fiber) gives no such signal: a
 // disconnect shows only as a failed write, which never comes while the engine
 // is still thinking. A watcher parks on the socket in the runtime's network
-// poller and peeks (MSG_PEEK) when it turns readable: zero bytes means the
-// peer closed. Nothing is consumed from the connection, and no CPU is spent
-// while nothing happens.
+// poller and, each time the socket changes (bytes, FIN or RST arrive), peeks
+// (MSG_PEEK) and reads the TCP state. Nothing is consumed from the
+// connection, and no CPU is spent while nothing happens.
+//
+// Three things look alike from the socket and are told apart:
+//   - bytes after the request (a pipelined request, or junk): the client is
+//     still there; the watch goes on, and a later FIN or RST is still seen
+//     (the TCP state says so even while those bytes sit unread);
+//   - an RST: the client is gone;
+//   - a FIN: the client will send nothing more, but it may still read (a
+//     half-closed client) or be gone. Only writing tells: a socket that was
+//     closed answers data with an RST. Before the answer starts, the watcher
+//     writes an interim response (HTTP/1.1 102) that any HTTP/1.1 client must
+//     accept; after it starts, the answer's own bytes are the probe.
 package connwatch
 
 import (
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
+// InterimProbe is the probe for an HTTP/1.1 client that has half-closed
+// before its answer started: an interim response it must skip (RFC 9110
+// 15.2), which a client that is gone answers with an RST.
+var InterimProbe = []byte("HTTP/1.1 102 Processing\r\n\r\n")
+
+// Watcher watches one connection for its peer going away.
+type Watcher struct {
+	conn    net.Conn
+	onClose func()
+	done    chan struct{}
+	stop    sync.Once
+
+	mu sync.Mutex
+	// probe may be written to the client while the answer has not started;
+	// nil when there is none, or once StopProbing was called.
+	probe []byte
+	// canProbe tells whether a probe was ever allowed: without one, a FIN
+	// before the answer counts as the client leaving (HTTP/1.0, tests).
+	canProbe bool
+	probed   bool
+}
+
 // Watch calls onClose (once, from another goroutine) if the peer of conn
-// closes the connection before stop is called. stop ends the watch and waits
-// for the watcher to let go of the socket; it must be called before the
-// server reads from conn again, and may be called more than once.
+// goes away before Stop is called. probe, when not nil, is written to a peer
+// that half-closes before StopProbing, to learn whether it still reads.
 // Connections that expose no file descriptor (TLS, in-memory) are not
-// watched: onClose is then never called.
-func Watch(conn net.Conn, onClose func()) (stop func()) {
+// watched: onClose is then never called. The returned Watcher's methods are
+// safe on nil.
+func Watch(conn net.Conn, probe []byte, onClose func()) *Watcher {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return func() {}
+		return nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return func() {}
+		return nil
 	}
-	done := make(chan struct{})
+	w := &Watcher{conn: conn, onClose: onClose, done: make(chan struct{}), probe: probe, canProbe: probe != nil}
+	// The server left the read deadline it set for reading the request; a
+	// parked watcher would give up at it, and inference often takes longer.
+	_ = conn.SetReadDeadline(time.Time{})
 	go func() {
-		defer close(done)
-		if peerClosed(rc) {
+		defer close(w.done)
+		if w.peerGone(rc) {
 			onClose()
 		}
 	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			// An expired deadline wakes the parked watcher. The server then
-			// needs a deadline again: fasthttp skips re-arming one it thinks
-			// is still recent, so leave a generous one rather than none,
-			// which would let an idle keep-alive connection live forever.
-			_ = conn.SetReadDeadline(time.Unix(1, 0))
-			<-done
-			_ = conn.SetReadDeadline(time.Now().Add(RestoredDeadline))
-		})
+	return w
+}
+
+// StopProbing is called before the server writes the answer: from then on
+// only the answer's bytes are written, and they are the probe. It waits for
+// a probe being written to be out.
+func (w *Watcher) StopProbing() {
+	if w == nil {
+		return
 	}
+	w.mu.Lock()
+	w.probe = nil
+	w.mu.Unlock()
+}
+
+// Stop ends the watch and waits for the watcher to let go of the socket; it
+// must be called before the server reads from the connection again, and may
+// be called more than once.
+func (w *Watcher) Stop() {
+	if w == nil {
+		return
+	}
+	w.stop.Do(func() {
+		// An expired deadline wakes the parked watcher. The server then
+		// needs a deadline again: fasthttp skips re-arming one it thinks
+		// is still recent, so leave a generous one rather than none,
+		// which would let an idle keep-alive connection live forever.
+		_ = w.conn.SetReadDeadline(time.Unix(1, 0))
+		<-w.done
+		_ = w.conn.SetReadDeadline(time.Now().Add(RestoredDeadline))
+	})
 }
 
 // RestoredDeadline is the read deadline a connection gets when a watch
 // ends; the server sets its own when it next reads a request.
 const RestoredDeadline = 2 * time.Minute
 
-// peerClosed blocks until the socket is readable or its read deadline
-// passes, and reports whether the peer closed it.
-func peerClosed(rc syscall.RawConn) bool {
-	var closed bool
-	var buf [1]byte
+// peerGone blocks until the peer is gone (true) or the watch is stopped
+// (false).
+func (w *Watcher) peerGone(rc syscall.RawConn) bool {
+	var gone bool
 	err := rc.Read(func(fd uintptr) bool {
-		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
-			return false // nothing yet: park in the poller until readable
-		case err != nil:
-			closed = true // reset by peer, or another fatal socket error
-		case n == 0:
-			closed = true // orderly shutdown (FIN)
-		}
-		// n > 0: the client sent more bytes (a pipelined request). It is
-		// still there; stop watching rather than consume them.
-		return true
+		gone = w.check(int(fd))
+		return gone
 	})
-	return err == nil && closed
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		// The poller reported an error on the socket: look once more.
+		_ = rc.Control(func(fd uintptr) { gone = w.check(int(fd)) })
+	}
+	return gone
+}
+
+// check looks at the socket without consuming anything and reports whether
+// the peer is gone. Returning false parks the watcher until the socket's
+// next change: the poller is edge-triggered, so bytes already seen do not
+// wake it again, but a FIN or an RST does.
+func (w *Watcher) check(fd int) bool {
+	var buf [1]byte
+	n, _, err := syscall.Recvfrom(fd, buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
+		return false // nothing pending: the client is there
+	case err != nil:
+		return true // reset by peer, or another fatal socket error
+	case n > 0:
+		// Bytes are waiting unread; the TCP state tells whether a FIN or an
+		// RST came after them.
+		switch tcpState(fd) {
+		case unix.BPF_TCP_ESTABLISHED:
+			return false
+		case unix.BPF_TCP_CLOSE_WAIT:
+			return w.finished(fd)
+		default:
+			return true
+		}
+	}
+	return w.finished(fd) // n == 0: a FIN with nothing before it
+}
+
+// finished handles a peer that will send nothing more: gone, or half-closed
+// and still reading. It reports true only when that cannot be found out.
+func (w *Watcher) finished(fd int) bool {
+	if tcpState(fd) == unix.BPF_TCP_CLOSE {
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.canProbe {
+		return true
+	}
+	if w.probed {
+		return false // probed already: an RST will wake the watcher
+	}
+	w.probed = true
+	if w.probe != nil {
+		// The socket has had nothing written yet, so this small write goes
+		// straight into its empty buffer; a peer that closed answers with
+		// an RST, which wakes the watcher.
+		if _, err := syscall.Write(fd, w.probe); err != nil && !errors.Is(err, syscall.EAGAIN) {
+			return true
+		}
+	}
+	// After StopProbing, the answer's own bytes are the probe.
+	return false
+}
+
+// tcpState returns the socket's TCP state (unix.BPF_TCP_*), or
+// BPF_TCP_CLOSE when it cannot be read.
+func tcpState(fd int) uint8 {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return unix.BPF_TCP_CLOSE
+	}
+	return info.State
 }

@@ -28,31 +28,132 @@ func pair(t *testing.T) (server, client net.Conn) {
 	return server, client
 }
 
+// fires waits up to d for the watcher's onClose.
+func fires(ch chan time.Time, d time.Duration) (time.Time, bool) {
+	select {
+	case at := <-ch:
+		return at, true
+	case <-time.After(d):
+		return time.Time{}, false
+	}
+}
+
 func TestNoticesPeerClose(t *testing.T) {
+	for _, probe := range [][]byte{nil, InterimProbe} {
+		server, client := pair(t)
+		closed := make(chan time.Time, 1)
+		w := Watch(server, probe, func() { closed <- time.Now() })
+		time.Sleep(20 * time.Millisecond)
+		left := time.Now()
+		client.Close()
+		at, ok := fires(closed, 2*time.Second)
+		w.Stop()
+		if !ok {
+			t.Fatalf("probe=%q: the peer's close went unnoticed", probe)
+		}
+		if lag := at.Sub(left); lag > 100*time.Millisecond {
+			t.Errorf("probe=%q: noticed after %v", probe, lag)
+		}
+	}
+}
+
+// A client that sent bytes after its request (pipelined, or one stray byte)
+// and then left is still noticed: the bytes used to switch the watch off.
+func TestNoticesCloseAfterExtraBytes(t *testing.T) {
+	for _, probe := range [][]byte{nil, InterimProbe} {
+		for _, extra := range []string{"x", "GET /next HTTP/1.1\r\nHost: a\r\n\r\n"} {
+			server, client := pair(t)
+			closed := make(chan time.Time, 1)
+			w := Watch(server, probe, func() { closed <- time.Now() })
+			if _, err := client.Write([]byte(extra)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case <-closed:
+				t.Fatalf("probe=%q extra=%q: bytes from a live client were taken for a close", probe, extra)
+			default:
+			}
+			client.Close()
+			_, ok := fires(closed, 2*time.Second)
+			w.Stop()
+			if !ok {
+				t.Errorf("probe=%q extra=%q: the close after extra bytes went unnoticed", probe, extra)
+			}
+		}
+	}
+}
+
+// A client that half-closes (shuts its sending side) but still reads is not
+// gone: with a probe it gets the interim answer, then the real one.
+func TestHalfClosedClientThatReadsIsNotGone(t *testing.T) {
 	server, client := pair(t)
 	closed := make(chan time.Time, 1)
-	stop := Watch(server, func() { closed <- time.Now() })
-	defer stop()
-	time.Sleep(20 * time.Millisecond)
-	left := time.Now()
+	w := Watch(server, InterimProbe, func() { closed <- time.Now() })
+	if err := client.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fires(closed, 300*time.Millisecond); ok {
+		t.Fatal("a half-closed client that still reads was taken for gone")
+	}
+	w.StopProbing()
+	w.Stop()
+	if _, err := server.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
+		t.Fatal(err)
+	}
+	server.Close()
+	got, err := io.ReadAll(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string(InterimProbe) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	if string(got) != want {
+		t.Errorf("client read %q, want %q", got, want)
+	}
+}
+
+// Once the answer has started (StopProbing), a FIN alone does not end the
+// watch; the RST that answers the next bytes written does.
+func TestAfterProbingTheAnswerIsTheProbe(t *testing.T) {
+	server, client := pair(t)
+	closed := make(chan time.Time, 1)
+	w := Watch(server, InterimProbe, func() { closed <- time.Now() })
+	defer w.Stop()
+	w.StopProbing()
 	client.Close()
-	select {
-	case at := <-closed:
-		if lag := at.Sub(left); lag > 100*time.Millisecond {
-			t.Errorf("noticed after %v", lag)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("the peer's close went unnoticed")
+	if _, ok := fires(closed, 200*time.Millisecond); ok {
+		t.Fatal("a FIN alone ended the watch after the answer started")
+	}
+	if _, err := server.Write([]byte("data: x\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fires(closed, 2*time.Second); !ok {
+		t.Fatal("the RST that answered the written bytes went unnoticed")
+	}
+}
+
+// The server's read deadline for the request does not end the watch: an
+// inference often outlasts it.
+func TestWatchOutlivesTheRequestReadDeadline(t *testing.T) {
+	server, client := pair(t)
+	server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	closed := make(chan time.Time, 1)
+	w := Watch(server, nil, func() { closed <- time.Now() })
+	defer w.Stop()
+	time.Sleep(200 * time.Millisecond)
+	client.Close()
+	if _, ok := fires(closed, 2*time.Second); !ok {
+		t.Fatal("the watch ended at the request's read deadline")
 	}
 }
 
 func TestStopLeavesTheConnectionUsable(t *testing.T) {
 	server, client := pair(t)
 	fired := make(chan struct{}, 1)
-	stop := Watch(server, func() { fired <- struct{}{} })
+	w := Watch(server, InterimProbe, func() { fired <- struct{}{} })
 	time.Sleep(20 * time.Millisecond)
-	stop()
-	stop() // twice is harmless
+	w.Stop()
+	w.Stop() // twice is harmless
 	// The next request's bytes are read normally: nothing was consumed and
 	// no deadline is left behind.
 	if _, err := client.Write([]byte("GET / HTTP/1.1\r\n")); err != nil {
@@ -73,10 +174,10 @@ func TestStopLeavesTheConnectionUsable(t *testing.T) {
 func TestPipelinedBytesAreNotAClose(t *testing.T) {
 	server, client := pair(t)
 	fired := make(chan struct{}, 1)
-	stop := Watch(server, func() { fired <- struct{}{} })
+	w := Watch(server, InterimProbe, func() { fired <- struct{}{} })
 	client.Write([]byte("x"))
 	time.Sleep(50 * time.Millisecond)
-	stop()
+	w.Stop()
 	select {
 	case <-fired:
 		t.Error("data from the peer was taken for a close")
@@ -86,4 +187,10 @@ func TestPipelinedBytesAreNotAClose(t *testing.T) {
 	if _, err := server.Read(buf); err != nil || buf[0] != 'x' {
 		t.Errorf("the peeked byte was consumed: %q %v", buf, err)
 	}
+}
+
+func TestNilWatcherIsHarmless(t *testing.T) {
+	var w *Watcher
+	w.StopProbing()
+	w.Stop()
 }

@@ -13,12 +13,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"moonji/internal/admission"
+	"moonji/internal/connwatch"
 	"moonji/internal/ledger"
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
@@ -78,6 +82,7 @@ type Gateway struct {
 	limit   ratelimit.Limit
 	stops   *stop.Service
 	replica string
+	stall   time.Duration
 	log     *slog.Logger
 }
 
@@ -92,13 +97,16 @@ type Options struct {
 	Stops   *stop.Service
 	// Replica names this replica in the rows it writes.
 	Replica string
-	Log     *slog.Logger
+	// StreamWriteTimeout cancels a stream whose client makes no write
+	// progress for this long (0: never).
+	StreamWriteTimeout time.Duration
+	Log                *slog.Logger
 }
 
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
-		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, log: o.Log}
+		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -119,9 +127,14 @@ type Call struct {
 	Principal Principal
 	// Body is the raw JSON body; the gateway owns it from here on.
 	Body []byte
-	// Watch arranges for onClose to run when the client hangs up, and
-	// returns a function that ends the watch. Nil: not watched.
-	Watch func(onClose func()) (stop func())
+	// Conn is the client's connection: watched for a hang-up while the
+	// request runs, and given a write deadline per frame while a stream is
+	// relayed. Nil: neither.
+	Conn net.Conn
+	// Probe may be written to Conn before the answer starts, to learn
+	// whether a client that half-closed still reads (connwatch). Nil: a
+	// half-closed client counts as gone.
+	Probe []byte
 }
 
 // Response is what the handler writes back.
@@ -137,8 +150,9 @@ type Response struct {
 
 // Cancellation causes, told apart when the upstream call ends early.
 var (
-	errClientLeft = errors.New("client disconnected")
-	errStopped    = errors.New("stopped by request")
+	errClientLeft    = errors.New("client disconnected")
+	errClientStalled = errors.New("client stopped reading")
+	errStopped       = errors.New("stopped by request")
 )
 
 // NewInferenceID returns a fresh id for a request.
@@ -147,6 +161,10 @@ func NewInferenceID() string { return newID() }
 // Reject answers a request refused before it reached a backend (bad key, bad
 // body, unknown model, limits), leaving its rejected ledger row.
 func (g *Gateway) Reject(call Call, model string, status int, reason, message, typ, code string, hdr http.Header) *Response {
+	return g.reject(call, model, status, reason, apiError{message: message, typ: typ, code: code}, hdr)
+}
+
+func (g *Gateway) reject(call Call, model string, status int, reason string, e apiError, hdr http.Header) *Response {
 	row := g.row(call, model, "")
 	row.Outcome = models.OutcomeRejected
 	row.Status = status
@@ -156,7 +174,7 @@ func (g *Gateway) Reject(call Call, model string, status int, reason, message, t
 	g.ledger.Record(row)
 	g.count(model, models.OutcomeRejected)
 	g.metrics.Rejections.WithLabelValues(reason).Inc()
-	return errorResponse(status, message, typ, code, hdr)
+	return e.response(status, hdr)
 }
 
 func (g *Gateway) row(call Call, model, backend string) models.Usage {
@@ -182,14 +200,14 @@ func (g *Gateway) count(model, outcome string) {
 // ChatCompletions serves one chat request from parsing to the final ledger row.
 func (g *Gateway) ChatCompletions(call Call) *Response {
 	req, err := proxy.ParseRequest(call.Body)
-	if err != nil { // always a *proxy.BadRequestError
-		return g.Reject(call, "", http.StatusBadRequest, "invalid_request", err.Error(), "invalid_request_error", "invalid_request", nil)
+	if err != nil {
+		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
 	}
 	route, ok := g.routes[req.Model]
 	if !ok {
-		return g.Reject(call, req.Model, http.StatusNotFound, "model_not_found",
-			fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
-			"invalid_request_error", "model_not_found", nil)
+		return g.reject(call, req.Model, http.StatusNotFound, "model_not_found", apiError{
+			message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
+			typ:     "invalid_request_error", code: "model_not_found", param: "model"}, nil)
 	}
 
 	hdr := http.Header{}
@@ -202,7 +220,7 @@ func (g *Gateway) ChatCompletions(call Call) *Response {
 
 	body, err := proxy.RewriteBody(call.Body, req, route.UpstreamModel)
 	if err != nil {
-		return g.Reject(call, req.Model, http.StatusBadRequest, "invalid_request", err.Error(), "invalid_request_error", "invalid_request", hdr)
+		return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
 	}
 
 	x := &exchange{g: g, call: call, req: req, route: route, hdr: hdr, tokens: tokens,
@@ -274,14 +292,24 @@ type exchange struct {
 	// row is written final (Record) at finish.
 	begun    <-chan error
 	hasBegun bool
+	queuedAt time.Time
 
-	ctx       context.Context
-	cancel    context.CancelCauseFunc
-	stopWatch func()
-	slot      *admission.Slot
-	stopRun   *stop.Run
-	firstTok  time.Time
-	finished  bool
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	watch    *connwatch.Watcher
+	slot     *admission.Slot
+	stopRun  *stop.Run
+	firstTok time.Time
+	finished bool
+	// sent is set once the body went to the engine: from then on the engine
+	// may have read the prompt, and a request cut short is billed for it.
+	sent bool
+	// writeDeadline is the client connection's write deadline while a
+	// stream is relayed; deadlineIsTimeout tells that it is the request's
+	// own timeout rather than the stall limit.
+	writeDeadline     time.Time
+	deadlineSet       time.Time
+	deadlineIsTimeout bool
 }
 
 func (x *exchange) run(body []byte) *Response {
@@ -292,13 +320,16 @@ func (x *exchange) run(body []byte) *Response {
 		x.ctx, cancelT = context.WithTimeout(x.ctx, t)
 		_ = cancelT // released by x.cancel: the timeout context is a child
 	}
-	x.stopWatch = func() {}
 	// Everything a request needs while it waits or runs — its pending row,
 	// the watch on its client, its registration for Stop — is set up when
 	// it starts to wait in the queue or once it holds its slot. A request
 	// refused at once needs none of it.
 	slot, err := x.route.Backend.Gate.AcquireNotify(x.ctx, x.start)
 	if err != nil {
+		if x.hasBegun {
+			// It waited in the queue until it was refused or left.
+			x.row.QueueMs = time.Since(x.queuedAt).Milliseconds()
+		}
 		return x.admissionFailed(err)
 	}
 	x.start()
@@ -306,6 +337,7 @@ func (x *exchange) run(body []byte) *Response {
 	x.row.QueueMs = slot.Waited().Milliseconds()
 	g.metrics.QueueWait.WithLabelValues(x.route.Backend.Name).Observe(slot.Waited().Seconds())
 
+	x.sent = true
 	resp, err := g.client.ChatCompletions(x.ctx, x.route.Backend.Upstream, body)
 	if err != nil {
 		return x.upstreamFailed(err)
@@ -316,6 +348,9 @@ func (x *exchange) run(body []byte) *Response {
 			resp.Body.Close()
 			return x.internalError(err)
 		}
+		// From here the server writes the answer: its bytes, not a probe,
+		// tell a half-closed client that still reads from one that left.
+		x.watch.StopProbing()
 		return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
 	}
 	return x.whole(resp)
@@ -328,9 +363,10 @@ func (x *exchange) start() {
 		return
 	}
 	x.hasBegun = true
+	x.queuedAt = time.Now()
 	x.begun = x.g.ledger.Begin(x.row)
-	if x.call.Watch != nil {
-		x.stopWatch = x.call.Watch(func() { x.cancel(errClientLeft) })
+	if x.call.Conn != nil {
+		x.watch = connwatch.Watch(x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
 	if x.g.stops != nil {
 		x.stopRun = x.g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
@@ -410,6 +446,9 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	if x.stopRun != nil {
 		opts.Stopped = x.stopRun.Stopped
 	}
+	if x.call.Conn != nil && x.g.stall > 0 {
+		opts.BeforeWrite = x.armWriteDeadline
+	}
 	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 32<<10), opts)
 	decided := false
 	s.End = func(res *proxy.RelayResult) []byte {
@@ -418,12 +457,53 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	}
 	s.Done = func(res *proxy.RelayResult, delivered bool) {
 		resp.Body.Close()
+		if !x.writeDeadline.IsZero() {
+			// The connection may carry the client's next request: its
+			// answer must not inherit this stream's deadline.
+			_ = x.call.Conn.SetWriteDeadline(time.Time{})
+		}
 		if !decided {
 			x.closing(res) // the client left mid-stream
 		}
 		x.finish()
 	}
 	return s
+}
+
+// armWriteDeadline gives the client's connection a write deadline before
+// each frame is written: a client that stops reading (but keeps its socket
+// open) makes the write fail after the stall limit, or at the request's own
+// timeout if that comes first, and the relay ends. Refreshed at most every
+// 100 ms: a deadline is a timer update, cheap but not free per token.
+func (x *exchange) armWriteDeadline() {
+	now := time.Now()
+	if now.Sub(x.deadlineSet) < 100*time.Millisecond {
+		return
+	}
+	x.deadlineSet = now
+	x.writeDeadline, x.deadlineIsTimeout = now.Add(x.g.stall), false
+	// The request's timeout ends the relay by itself when the client reads;
+	// the grace lets the closing bytes out after it.
+	if d, ok := x.ctx.Deadline(); ok && d.Add(closingGrace).Before(x.writeDeadline) {
+		x.writeDeadline, x.deadlineIsTimeout = d.Add(closingGrace), true
+	}
+	_ = x.call.Conn.SetWriteDeadline(x.writeDeadline)
+}
+
+// closingGrace is how long after the request's timeout the closing bytes
+// of its stream may still take to be written.
+const closingGrace = time.Second
+
+// clientErrCause tells why writing to the client failed: the write
+// deadline passed (a stall, or the request's timeout) or the client left.
+func (x *exchange) clientErrCause() error {
+	if x.writeDeadline.IsZero() || time.Now().Before(x.writeDeadline) {
+		return errClientLeft
+	}
+	if x.deadlineIsTimeout {
+		return context.DeadlineExceeded
+	}
+	return errClientStalled
 }
 
 // closing decides the outcome of a relayed stream and returns the bytes
@@ -440,51 +520,86 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 		}
 	}
 	cause := context.Cause(x.ctx)
+	if res.ClientErr != nil && cause == nil {
+		cause = x.clientErrCause()
+		x.cancel(cause)
+	}
 	switch {
+	case res.EngineError != "":
+		// The engine reported an error inside its 200 stream; the client's
+		// SDK raises it, so the request failed whatever came after.
+		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_stream_error"
+		if !res.Done && res.ClientErr == nil {
+			return proxy.DoneFrame
+		}
+		return nil
 	case res.Done:
 		x.row.Outcome = models.OutcomeSuccess
 		return nil
 	case res.Stopped || errors.Is(cause, errStopped):
 		x.row.Outcome, x.row.Reason = models.OutcomeStopped, "stop_requested"
 		return x.stoppedEnding(res)
-	case res.ClientErr != nil || errors.Is(cause, errClientLeft):
-		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
+	case errors.Is(cause, errClientStalled):
+		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_stalled"
 		return nil
 	case errors.Is(cause, context.DeadlineExceeded) || errors.Is(x.ctx.Err(), context.DeadlineExceeded):
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_timeout"
+		if res.ClientErr != nil {
+			return nil
+		}
 		return proxy.ErrorFrame("The backend took too long to answer.", "upstream_error", "upstream_timeout")
+	case res.ClientErr != nil || errors.Is(cause, errClientLeft):
+		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
+		return nil
 	default:
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_disconnected"
 		return proxy.ErrorFrame("The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected")
 	}
 }
 
-// stopSeen is what the person who stopped the inference had seen, if said.
-func (x *exchange) stopSeen() (int, bool) {
-	if x.stopRun == nil {
-		return 0, false
-	}
-	return x.stopRun.Seen()
-}
-
-// stoppedEnding closes a stopped stream cleanly: the usage chunk if the
-// client asked for one (with what was delivered, or what the person saw),
-// then [DONE].
+// stoppedEnding closes a stopped stream as a complete one: a chunk giving
+// every unfinished choice its finish_reason, the usage chunk if the client
+// asked for one, then [DONE] — so that SDK helpers that assemble the whole
+// completion (openai-node's finalChatCompletion, the AI SDK's streamText)
+// end cleanly. The usage counts what was generated and delivered; what the
+// person saw (seen) decides only what a saved answer keeps.
 func (x *exchange) stoppedEnding(res *proxy.RelayResult) []byte {
-	if seen, ok := x.stopSeen(); ok && seen < x.row.CompletionTokens {
-		x.row.CompletionTokens = seen
-	}
 	x.row.UsageSource = models.UsageFromCounted
-	var b []byte
+	id, model, created := res.ID, res.Model, res.Created
+	role := id == "" // nothing came from the engine: the chunk opens the message too
+	if id == "" {
+		id, created = "chatcmpl-"+x.call.ID, x.call.Start.Unix()
+	}
+	if model == "" {
+		model = x.req.Model
+	}
+	b := proxy.FinishChunk(id, model, created, res.Unfinished(x.choices()), role)
 	if x.req.ClientWantsUsage {
-		model := res.Model
-		if model == "" {
-			model = x.req.Model
-		}
-		b = proxy.UsageChunk(res.ID, model, res.Created,
-			proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})
+		x.estimatePrompt()
+		b = append(b, proxy.UsageChunk(id, model, created,
+			proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})...)
 	}
 	return append(b, proxy.DoneFrame...)
+}
+
+// choices is the number of choices the client asked for (n), 1 by default.
+func (x *exchange) choices() int {
+	n := gjson.GetBytes(x.call.Body, "n").Int()
+	if n < 1 {
+		return 1
+	}
+	return int(min(n, 64))
+}
+
+// estimatePrompt fills in the prompt's token count when the engine may have
+// read the prompt but never said how long it was (a stream cut short, a
+// request stopped before its answer): billing must not count it as free.
+func (x *exchange) estimatePrompt() {
+	if !x.sent || x.row.PromptTokens > 0 || x.row.UsageSource == models.UsageFromEngine {
+		return
+	}
+	x.row.PromptTokens = proxy.EstimatePromptTokens(x.call.Body)
+	x.row.UsageSource = models.UsageEstimated
 }
 
 func (x *exchange) admissionFailed(err error) *Response {
@@ -511,10 +626,12 @@ func (x *exchange) upstreamFailed(err error) *Response {
 	switch {
 	case errors.Is(cause, errStopped):
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeStopped, "stop_requested", 499
+		x.estimatePrompt()
 		x.finish()
 		return x.stoppedBeforeAnswer()
 	case errors.Is(cause, errClientLeft):
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeCancelled, "client_disconnected", 499
+		x.estimatePrompt()
 		x.finish()
 		return x.reply(499, "The client closed the request.", "invalid_request_error", "client_closed_request")
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded):
@@ -539,20 +656,22 @@ func (x *exchange) upstreamFailed(err error) *Response {
 }
 
 // stoppedBeforeAnswer answers a request stopped before the engine said
-// anything: a stream gets a well-formed empty stream, a plain request an
-// empty completion, so clients end normally.
+// anything: a stream gets a well-formed stream with one closing chunk, a
+// plain request an empty completion, so clients end normally.
 func (x *exchange) stoppedBeforeAnswer() *Response {
+	id, created := "chatcmpl-"+x.call.ID, x.call.Start.Unix()
 	if x.req.Stream {
-		var b []byte
+		b := proxy.FinishChunk(id, x.req.Model, created, (&proxy.RelayResult{}).Unfinished(x.choices()), true)
 		if x.req.ClientWantsUsage {
-			b = proxy.UsageChunk("chatcmpl-"+x.call.ID, x.req.Model, x.call.Start.Unix(), proxy.Usage{})
+			b = append(b, proxy.UsageChunk(id, x.req.Model, created,
+				proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})...)
 		}
 		b = append(b, proxy.DoneFrame...)
 		return &Response{Status: http.StatusOK, ContentType: "text/event-stream; charset=utf-8", Header: x.streamHeader(),
 			BodyStream: io.NopCloser(bytes.NewReader(b))}
 	}
-	body := fmt.Sprintf(`{"id":"chatcmpl-%s","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}`,
-		x.call.ID, x.call.Start.Unix(), x.req.Model)
+	body := fmt.Sprintf(`{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
+		id, created, x.req.Model, x.row.PromptTokens, x.row.PromptTokens)
 	return &Response{Status: http.StatusOK, ContentType: "application/json", Header: x.hdr, Body: []byte(body)}
 }
 
@@ -580,7 +699,10 @@ func (x *exchange) finish() {
 	}
 	x.finished = true
 	end := time.Now()
-	x.stopWatch()
+	x.watch.Stop()
+	if x.row.Outcome == models.OutcomeStopped || x.row.Outcome == models.OutcomeCancelled {
+		x.estimatePrompt()
+	}
 	if x.slot != nil {
 		x.slot.Release()
 	}

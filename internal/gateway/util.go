@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/json"
+	"errors"
 	"net/http"
 
 	"github.com/tidwall/gjson"
@@ -23,22 +24,49 @@ func newID() string {
 // ErrorBody formats an error in OpenAI's shape:
 // {"error":{"message","type","param","code"}}.
 func ErrorBody(message, typ, code string) []byte {
+	return apiError{message: message, typ: typ, code: code}.body()
+}
+
+// apiError is an error in OpenAI's shape; param names the request field at
+// fault, when the gateway knows it.
+type apiError struct {
+	message, typ, code, param string
+}
+
+// badRequest turns a body the gateway cannot read into a 400's error.
+func badRequest(err error) apiError {
+	e := apiError{message: err.Error(), typ: "invalid_request_error", code: "invalid_request"}
+	var bre *proxy.BadRequestError
+	if errors.As(err, &bre) {
+		e.param = bre.Param
+	}
+	return e
+}
+
+func (e apiError) body() []byte {
 	type inner struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
 		Param   *string `json:"param"`
 		Code    *string `json:"code"`
 	}
-	e := inner{Message: message, Type: typ}
-	if code != "" {
-		e.Code = &code
+	in := inner{Message: e.message, Type: e.typ}
+	if e.code != "" {
+		in.Code = &e.code
 	}
-	b, _ := json.Marshal(map[string]inner{"error": e})
+	if e.param != "" {
+		in.Param = &e.param
+	}
+	b, _ := json.Marshal(map[string]inner{"error": in})
 	return b
 }
 
+func (e apiError) response(status int, hdr http.Header) *Response {
+	return &Response{Status: status, ContentType: "application/json", Header: hdr, Body: e.body()}
+}
+
 func errorResponse(status int, message, typ, code string, hdr http.Header) *Response {
-	return &Response{Status: status, ContentType: "application/json", Header: hdr, Body: ErrorBody(message, typ, code)}
+	return apiError{message: message, typ: typ, code: code}.response(status, hdr)
 }
 
 // usageOf reads the usage object of a whole (non-streamed) completion.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"moonji/internal/jsonguard"
 )
 
 // maxBodyBytes bounds request bodies; real prompts are far smaller and a
@@ -32,12 +34,16 @@ type knobs struct {
 	failMessage     string
 	failType        string
 	disconnectAfter int // -1 = unset
-	hang            bool
-	replay          string
+	// streamErrorAfter writes an error frame after that many content
+	// tokens, then [DONE], as vLLM does when generation fails mid-stream;
+	// -1 = unset.
+	streamErrorAfter int
+	hang             bool
+	replay           string
 }
 
 func parseKnobs(m gjson.Result) knobs {
-	k := knobs{disconnectAfter: -1}
+	k := knobs{disconnectAfter: -1, streamErrorAfter: -1}
 	if !m.IsObject() {
 		return k
 	}
@@ -58,6 +64,9 @@ func parseKnobs(m gjson.Result) knobs {
 	k.failType = m.Get("fail_type").String()
 	if v := m.Get("disconnect_after"); v.Type == gjson.Number && v.Int() >= 0 {
 		k.disconnectAfter = int(v.Int())
+	}
+	if v := m.Get("stream_error_after"); v.Type == gjson.Number && v.Int() >= 0 {
+		k.streamErrorAfter = int(v.Int())
 	}
 	k.hang = m.Get("hang").Bool()
 	k.replay = m.Get("replay").String()
@@ -104,6 +113,8 @@ type gen struct {
 	// disconnectAfter is the number of content tokens after which the
 	// connection is torn down; -1 disables it.
 	disconnectAfter int
+	// streamErrorAfter: see knobs.
+	streamErrorAfter int
 }
 
 // maxModelLen is the context window the mock claims. Like vLLM it refuses
@@ -115,10 +126,13 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	req := gjson.ParseBytes(body)
-	valid := readErr == nil && gjson.ValidBytes(body) && req.IsObject()
+	// jsonguard, not gjson.ValidBytes: that recurses once per nesting level
+	// and a few MB of "[" overflow the stack, ending the process (the demo
+	// engine runs inside the gateway's).
+	valid := readErr == nil && jsonguard.Validate(body, nil) == nil && req.IsObject()
 
 	rec := &Record{Body: body, Started: start}
-	k := knobs{disconnectAfter: -1}
+	k := knobs{disconnectAfter: -1, streamErrorAfter: -1}
 	if valid {
 		k = parseKnobs(req.Get("mock"))
 		rec.Tag = k.tag
@@ -190,16 +204,17 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	g := gen{
-		id:              newID(),
-		created:         start.Unix(),
-		model:           model,
-		tokens:          CompletionTokens(lastUserText(msgs), n),
-		finish:          finish,
-		promptTokens:    prompt,
-		includeUsage:    rec.IncludeUsage,
-		pace:            s.pacing(k),
-		start:           start,
-		disconnectAfter: k.disconnectAfter,
+		id:               newID(),
+		created:          start.Unix(),
+		model:            model,
+		tokens:           CompletionTokens(lastUserText(msgs), n),
+		finish:           finish,
+		promptTokens:     prompt,
+		includeUsage:     rec.IncludeUsage,
+		pace:             s.pacing(k),
+		start:            start,
+		disconnectAfter:  k.disconnectAfter,
+		streamErrorAfter: k.streamErrorAfter,
 	}
 	if rec.Stream {
 		s.stream(ctx, w, rec, g)
@@ -269,6 +284,13 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 	for i, tok := range g.tokens {
 		if i == g.disconnectAfter {
 			s.abort(rec)
+		}
+		if i == g.streamErrorAfter {
+			// vLLM's streaming error: an error frame, then [DONE], in a 200.
+			_ = send(`{"error":{"message":"The engine failed while generating.","type":"InternalServerError","param":null,"code":500}}`)
+			_ = send("[DONE]")
+			s.completed(rec)
+			return
 		}
 		if !waitUntil(ctx, g.pace.due(g.start, i+1)) {
 			s.cancelled(rec, "streaming", context.Cause(ctx))

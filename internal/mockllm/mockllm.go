@@ -11,7 +11,11 @@
 //
 //	"mock": {"tag": "t1", "tps": 200, "ttft_ms": 500, "tokens": 40,
 //	         "fail_status": 503, "fail_message": "…", "fail_type": "…",
-//	         "disconnect_after": 5, "hang": true, "replay": "chat_stream.sse"}
+//	         "disconnect_after": 5, "stream_error_after": 3, "hang": true,
+//	         "replay": "chat_stream.sse"}
+//
+// stream_error_after writes, after that many content tokens, an error frame
+// and then [DONE] into the 200 stream, as vLLM does when generation fails.
 //
 // Every chat request is recorded (see Record); a request whose client goes away
 // before the response is complete is marked Cancelled, which is how gateway

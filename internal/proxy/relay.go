@@ -31,6 +31,10 @@ type RelayOptions struct {
 	// OnContent is called when a content chunk is handed to the client,
 	// with the number so far (1 for the first: time to first token).
 	OnContent func(n int)
+	// BeforeWrite is called each time bytes are handed to the server to
+	// write, before it writes them (a write deadline is set there, so a
+	// client that stops reading is noticed).
+	BeforeWrite func()
 }
 
 // RelayResult is what happened during a relay.
@@ -49,11 +53,41 @@ type RelayResult struct {
 	ClientErr error
 	// UpstreamErr is set when the engine's stream broke before [DONE].
 	UpstreamErr error
+	// EngineError is the message of an error frame the engine wrote into
+	// the stream ({"error": …} or {"object": "error", …}); the stream is
+	// relayed as it is, but the request failed.
+	EngineError string
 	// ID, Model and Created are taken from the first chunk so that the
 	// gateway can write a well-formed closing chunk of its own.
 	ID      string
 	Model   string
 	Created int64
+	// choices and finished are bitmasks of the choice indexes (below 64)
+	// seen in chunks and given a finish_reason.
+	choices, finished uint64
+}
+
+// maxTrackedChoices bounds the choice indexes a relay keeps track of; n is
+// far smaller in practice.
+const maxTrackedChoices = 64
+
+// Unfinished returns the indexes of the choices that were seen but got no
+// finish_reason, in order; with none seen at all, the n first indexes.
+func (r *RelayResult) Unfinished(n int) []int {
+	var out []int
+	if r.choices == 0 {
+		for i := 0; i < n && i < maxTrackedChoices; i++ {
+			out = append(out, i)
+		}
+		return out
+	}
+	open := r.choices &^ r.finished
+	for i := 0; i < maxTrackedChoices; i++ {
+		if open&(1<<i) != 0 {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // maxFrame bounds one SSE frame; a longer one is an engine bug, not an answer.
@@ -110,6 +144,9 @@ func (s *Stream) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 	}
+	if s.opts.BeforeWrite != nil {
+		s.opts.BeforeWrite()
+	}
 	n := copy(p, s.out)
 	s.out = s.out[n:]
 	return n, nil
@@ -165,6 +202,9 @@ func (s *Stream) next() {
 		if s.opts.StripUsage {
 			return
 		}
+	case frameError:
+		// Relayed as the engine wrote it: SDKs raise it. The request is an
+		// error whatever follows.
 	case frameContent:
 		// Handed out now, flushed before the next Read.
 		s.res.ContentChunks++
@@ -256,11 +296,12 @@ const (
 	frameContent
 	frameUsage // usage-only chunk: "choices": [] and a usage object
 	frameDone
+	frameError // an error the engine reported inside the stream
 )
 
-// classify looks at a frame's data payload. The payload is read through an
-// unsafe string view of the frame buffer: nothing that points into it
-// outlives this call.
+// classify looks at a frame's data payload in one pass over its top-level
+// keys. The payload is read through an unsafe string view of the frame
+// buffer: nothing that points into it outlives this call.
 func classify(frame []byte, res *RelayResult) frameKind {
 	payload := dataPayload(frame)
 	if len(payload) == 0 {
@@ -270,24 +311,93 @@ func classify(frame []byte, res *RelayResult) frameKind {
 		return frameDone
 	}
 	s := unsafe.String(&payload[0], len(payload))
-	if res.ID == "" {
-		if id := gjson.Get(s, "id"); id.Type == gjson.String {
-			res.ID = strings.Clone(id.Str)
-			res.Model = strings.Clone(gjson.Get(s, "model").Str)
-			res.Created = gjson.Get(s, "created").Int()
+	root := gjson.Parse(s)
+	if !root.IsObject() {
+		return frameOther
+	}
+	var (
+		id, model, created gjson.Result
+		choices, usage     gjson.Result
+		errMsg             string
+		isError            bool
+	)
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "id":
+			id = v
+		case "model":
+			model = v
+		case "created":
+			created = v
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		case "error":
+			if v.Type != gjson.Null {
+				isError = true
+				errMsg = v.Get("message").Str
+				if errMsg == "" && v.Type == gjson.String {
+					errMsg = v.Str
+				}
+			}
+		case "object":
+			if v.Str == "error" {
+				isError = true
+			}
+		case "message":
+			errMsg = v.Str
 		}
+		return true
+	})
+	if isError {
+		if res.EngineError == "" {
+			res.EngineError = strings.Clone(errMsg)
+			if res.EngineError == "" {
+				res.EngineError = "error"
+			}
+		}
+		return frameError
+	}
+	if res.ID == "" && id.Type == gjson.String && id.Str != "" {
+		res.ID = strings.Clone(id.Str)
+		res.Model = strings.Clone(model.Str)
+		res.Created = created.Int()
 	}
 	kind := frameOther
-	if u := gjson.Get(s, "usage"); u.IsObject() {
+	if usage.IsObject() {
 		res.HasUsage = true
-		res.Usage.PromptTokens = int(u.Get("prompt_tokens").Int())
-		res.Usage.CompletionTokens = int(u.Get("completion_tokens").Int())
-		if c := gjson.Get(s, "choices"); c.IsArray() && isEmptyArray(c.Raw) {
+		res.Usage.PromptTokens = int(usage.Get("prompt_tokens").Int())
+		res.Usage.CompletionTokens = int(usage.Get("completion_tokens").Int())
+		if choices.IsArray() && isEmptyArray(choices.Raw) {
 			kind = frameUsage
 		}
 	}
-	if delta := gjson.Get(s, "choices.0.delta"); delta.IsObject() && hasContent(delta) {
-		kind = frameContent
+	if choices.IsArray() {
+		choices.ForEach(func(_, c gjson.Result) bool {
+			var index, delta, finish gjson.Result
+			c.ForEach(func(k, v gjson.Result) bool {
+				switch k.Str {
+				case "index":
+					index = v
+				case "delta":
+					delta = v
+				case "finish_reason":
+					finish = v
+				}
+				return true
+			})
+			if i := index.Int(); i >= 0 && i < maxTrackedChoices {
+				res.choices |= 1 << i
+				if finish.Type == gjson.String {
+					res.finished |= 1 << i
+				}
+			}
+			if delta.IsObject() && hasContent(delta) {
+				kind = frameContent
+			}
+			return true
+		})
 	}
 	return kind
 }
@@ -302,8 +412,14 @@ func hasContent(delta gjson.Result) bool {
 	return tc.IsArray() && !isEmptyArray(tc.Raw)
 }
 
+// isEmptyArray reports whether raw is "[]" (blanks allowed). A torn array
+// (an engine's broken frame, where gjson returns what there is) is not.
 func isEmptyArray(raw string) bool {
-	return strings.TrimSpace(strings.TrimSpace(raw)[1:len(raw)-1]) == ""
+	raw = strings.TrimSpace(raw)
+	if len(raw) < 2 || raw[len(raw)-1] != ']' {
+		return false
+	}
+	return strings.TrimSpace(raw[1:len(raw)-1]) == ""
 }
 
 // dataPayload returns the value of the frame's first data line, without the
@@ -347,6 +463,37 @@ func UsageChunk(id, model string, created int64, u Usage) []byte {
 func appendJSONString(b []byte, s string) []byte {
 	q, _ := json.Marshal(s) // a string always marshals
 	return append(b, q...)
+}
+
+// FinishChunk formats the chunk that closes choices the engine never
+// finished (a stop): an empty delta with finish_reason "stop" for each, with
+// the stream's own id, model and created, so that SDK helpers that assemble
+// the whole completion end cleanly. role adds the assistant role to the
+// delta, for a stream that had no chunk before.
+func FinishChunk(id, model string, created int64, choices []int, role bool) []byte {
+	b := make([]byte, 0, 160+64*len(choices))
+	b = append(b, `data: {"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":"chat.completion.chunk","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"choices":[`...)
+	for i, c := range choices {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(c), 10)
+		if role {
+			b = append(b, `,"delta":{"role":"assistant","content":""}`...)
+		} else {
+			b = append(b, `,"delta":{}`...)
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":"stop"}`...)
+	}
+	b = append(b, "]}\n\n"...)
+	return b
 }
 
 // DoneFrame ends every stream.

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// Token estimates for a prompt the engine never counted (a request cut
+// short before its usage came). They follow OpenAI's published rules of
+// thumb: about four characters of English per token, a few tokens of
+// framing per message, and a fixed cost per image.
+const (
+	charsPerToken     = 4
+	tokensPerMessage  = 4
+	tokensPerImage    = 765 // a high-detail 1024×1024 image in OpenAI's accounting
+	tokensReplyPrimer = 3
+)
+
+// EstimatePromptTokens estimates the prompt tokens of a chat request body:
+// the text of every message (string content or text parts), tool call
+// arguments and tool definitions, plus the framing per message and a fixed
+// cost per image. Base64 image data is not counted as text.
+func EstimatePromptTokens(body []byte) int {
+	chars, tokens := 0, tokensReplyPrimer
+	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		tokens += tokensPerMessage
+		m.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "content":
+				if v.Type == gjson.String {
+					chars += utf8.RuneCountInString(v.Str)
+					return true
+				}
+				v.ForEach(func(_, part gjson.Result) bool {
+					switch part.Get("type").Str {
+					case "text":
+						chars += utf8.RuneCountInString(part.Get("text").Str)
+					case "image_url", "input_image", "image":
+						tokens += tokensPerImage
+					default:
+						chars += len(part.Raw) / 2 // audio, files: a rough share
+					}
+					return true
+				})
+			case "tool_calls", "function_call":
+				chars += len(v.Raw)
+			default:
+				if v.Type == gjson.String {
+					chars += utf8.RuneCountInString(v.Str) // role, name, tool_call_id
+				}
+			}
+			return true
+		})
+		return true
+	})
+	if tools := gjson.GetBytes(body, "tools"); tools.Exists() {
+		chars += len(tools.Raw)
+	}
+	return tokens + (chars+charsPerToken-1)/charsPerToken
+}
