@@ -63,6 +63,7 @@ test.describe('SDK helpers after a stop', () => {
     expect(final.created).toBeGreaterThan(1_700_000_000);
     expect(final.choices[0].message.content?.length).toBeGreaterThan(0);
     expect(final.usage?.completion_tokens).toBeGreaterThanOrEqual(4);
+    expect(final.usage?.completion_tokens).toBeLessThan(100);
     expect(final.usage?.prompt_tokens).toBeGreaterThan(0);
   });
 
@@ -109,6 +110,6 @@ test.describe('SDK helpers after a stop', () => {
     expect(parts).not.toContain('error');
     expect(await result.finishReason).toBe('stop');
     expect((await result.text).length).toBeGreaterThan(0);
-    expect(deltas).toBeLessThan(2000);
+    expect(deltas).toBeLessThan(100); // the stop took hold at once (40 tokens/s)
   });
 });

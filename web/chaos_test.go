@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,7 +50,9 @@ func chaos(t *testing.T, dbURL string) {
 	seed := uint64(envInt("MOONJI_CHAOS_SEED", int(time.Now().UnixNano()%1_000_000)))
 	t.Logf("chaos: %d requests, %d workers, seed %d (MOONJI_CHAOS_SEED to replay)", n, workers, seed)
 
-	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, TokensPerSecond: 400, Tokens: 20,
+	// The mock keeps only its last records, so that what the heap holds
+	// afterwards is the gateway's.
+	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, TokensPerSecond: 400, Tokens: 20, MaxRecords: 100,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ms := httptest.NewServer(mock)
 	defer ms.Close()
@@ -121,14 +124,21 @@ func chaos(t *testing.T, dbURL string) {
 	}
 	byKey := map[uint][]models.Usage{}
 	keyless := 0
+	limitedID := keyIDs["limited@example.com"]
+	tally := map[string]int{}
 	for _, r := range rows {
+		switch {
+		case r.KeyID == nil:
+			tally["no_key → "+r.Outcome+"/"+r.Reason]++
+		case *r.KeyID == limitedID:
+			tally["rate_limited → "+r.Outcome+"/"+r.Reason]++
+		}
 		if r.KeyID == nil {
 			keyless++
 			continue
 		}
 		byKey[*r.KeyID] = append(byKey[*r.KeyID], r)
 	}
-	tally := map[string]int{}
 	wantKeyless, wantLimited := 0, 0
 	for i := range plan {
 		p := &plan[i]
@@ -154,7 +164,7 @@ func chaos(t *testing.T, dbURL string) {
 			t.Errorf("request %d (%s): client saw %s, row says %s/%s status %d", i, p.kind, p.saw(), row.Outcome, row.Reason, row.Status)
 		}
 	}
-	if got := len(byKey[keyIDs["limited@example.com"]]); got != wantLimited {
+	if got := len(byKey[limitedID]); got != wantLimited {
 		t.Errorf("rate-limited key: %d rows for %d requests", got, wantLimited)
 	}
 	if keyless != wantKeyless {
@@ -169,7 +179,9 @@ func chaos(t *testing.T, dbURL string) {
 		t.Logf("outcomes:\n%s", strings.Join(lines, "\n"))
 	}
 
-	// Nothing is held any more.
+	// Nothing is held any more. (The test lets go of what it read first.)
+	nRows := len(rows)
+	rows, byKey = nil, nil
 	waitFor(t, "gauges at 0", 5*time.Second, func() bool {
 		return metricValue(t, e, "moonji_backend_in_flight", `backend="mock"`) == 0 &&
 			metricValue(t, e, "moonji_backend_queued", `backend="mock"`) == 0
@@ -186,9 +198,16 @@ func chaos(t *testing.T, dbURL string) {
 		t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 	})
 	runtime.ReadMemStats(&after)
+	if f := os.Getenv("MOONJI_CHAOS_HEAPPROFILE"); f != "" {
+		if out, err := os.Create(f); err == nil {
+			_ = pprof.WriteHeapProfile(out)
+			out.Close()
+		}
+	}
 	t.Logf("chaos: %d requests, %d rows; goroutines %d → %d; heap in use %.1f → %.1f MiB; test process RSS %.1f → %.1f MiB (peak %.1f)",
-		n, len(rows), baseGoroutines, runtime.NumGoroutine(), mib(baseMem.HeapInuse), mib(after.HeapInuse),
+		n, nRows, baseGoroutines, runtime.NumGoroutine(), mib(baseMem.HeapInuse), mib(after.HeapInuse),
 		baseRSS, rssMiB(), peakRSSMiB())
+	_ = byKey
 	if after.HeapInuse > baseMem.HeapInuse+64<<20 {
 		t.Errorf("heap in use grew from %.1f to %.1f MiB", mib(baseMem.HeapInuse), mib(after.HeapInuse))
 	}
