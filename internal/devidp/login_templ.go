@@ -47,13 +47,13 @@ func page(title string) templ.Component {
 		var templ_7745c5c3_Var2 string
 		templ_7745c5c3_Var2, templ_7745c5c3_Err = templ.JoinStringErrs(title)
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 23, Col: 17}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 23, Col: 17}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var2))
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, " · Moonji</title><style>\n\t\t\t\t:root { color-scheme: light dark; font-family: system-ui, -apple-system, \"Segoe UI\", sans-serif; }\n\t\t\t\tbody { margin: 0; min-height: 100vh; display: grid; place-items: center; background: Canvas; color: CanvasText; }\n\t\t\t\tmain { width: min(22rem, 90vw); padding: 2rem; border: 1px solid color-mix(in srgb, CanvasText 15%, transparent); border-radius: 12px; }\n\t\t\t\th1 { font-size: 1.25rem; margin: 0 0 .25rem; }\n\t\t\t\tp.hint { margin: 0 0 1.5rem; opacity: .7; font-size: .9rem; }\n\t\t\t\tlabel { display: block; font-size: .9rem; margin: 1rem 0 .35rem; }\n\t\t\t\tinput[type=email], input[type=password] { box-sizing: border-box; width: 100%; padding: .55rem .65rem; font: inherit; border: 1px solid color-mix(in srgb, CanvasText 30%, transparent); border-radius: 6px; background: Canvas; color: CanvasText; }\n\t\t\t\tbutton { margin-top: 1.5rem; width: 100%; padding: .6rem; font: inherit; font-weight: 600; border: 0; border-radius: 6px; background: #4f46e5; color: #fff; cursor: pointer; }\n\t\t\t\tbutton:hover { background: #4338ca; }\n\t\t\t\t.error { margin: 0 0 1rem; padding: .6rem .75rem; border-radius: 6px; background: color-mix(in srgb, #dc2626 15%, Canvas); color: #b91c1c; font-size: .9rem; }\n\t\t\t</style></head><body><main>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, " · Moonji</title><style>\n\t\t\t\t:root { color-scheme: light dark; font-family: system-ui, -apple-system, \"Segoe UI\", sans-serif; }\n\t\t\t\tbody { margin: 0; min-height: 100vh; display: grid; place-items: center; background: Canvas; color: CanvasText; }\n\t\t\t\tmain { box-sizing: border-box; width: min(22rem, 92vw); padding: 2rem; border: 1px solid color-mix(in srgb, CanvasText 15%, transparent); border-radius: 12px; }\n\t\t\t\th1 { font-size: 1.25rem; margin: 0 0 .25rem; }\n\t\t\t\tp.hint { margin: 0 0 1.5rem; opacity: .7; font-size: .9rem; }\n\t\t\t\tlabel { display: block; font-size: .9rem; margin: 1rem 0 .35rem; }\n\t\t\t\tinput[type=email], input[type=password] { box-sizing: border-box; width: 100%; padding: .55rem .65rem; font: inherit; border: 1px solid color-mix(in srgb, CanvasText 30%, transparent); border-radius: 6px; background: Canvas; color: CanvasText; }\n\t\t\t\tbutton { margin-top: 1.5rem; width: 100%; padding: .6rem; font: inherit; font-weight: 600; border: 0; border-radius: 6px; background: #4f46e5; color: #fff; cursor: pointer; }\n\t\t\t\tbutton:hover { background: #4338ca; }\n\t\t\t\t.error { margin: 0 0 1rem; padding: .6rem .75rem; border-radius: 6px; background: color-mix(in srgb, #dc2626 15%, Canvas); color: #b91c1c; font-size: .9rem; }\n\t\t\t</style></head><body><main>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -111,7 +111,7 @@ func loginPage(d loginData) templ.Component {
 				var templ_7745c5c3_Var5 string
 				templ_7745c5c3_Var5, templ_7745c5c3_Err = templ.JoinStringErrs(d.Error)
 				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 51, Col: 59}
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 51, Col: 59}
 				}
 				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var5))
 				if templ_7745c5c3_Err != nil {
@@ -129,7 +129,7 @@ func loginPage(d loginData) templ.Component {
 			var templ_7745c5c3_Var6 string
 			templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.SafeURL(d.Action)).ResolveURL(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 53, Col: 54}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 53, Col: 54}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
 			if templ_7745c5c3_Err != nil {
@@ -142,7 +142,7 @@ func loginPage(d loginData) templ.Component {
 			var templ_7745c5c3_Var7 string
 			templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(d.AuthRequestID).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 54, Col: 68}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 54, Col: 68}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var7)
 			if templ_7745c5c3_Err != nil {
@@ -165,7 +165,7 @@ func loginPage(d loginData) templ.Component {
 			var templ_7745c5c3_Var8 string
 			templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(d.Email).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 56, Col: 124}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 56, Col: 124}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 			if templ_7745c5c3_Err != nil {
@@ -232,7 +232,7 @@ func messagePage(title, message string) templ.Component {
 			var templ_7745c5c3_Var11 string
 			templ_7745c5c3_Var11, templ_7745c5c3_Err = templ.JoinStringErrs(title)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 67, Col: 13}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 67, Col: 13}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var11))
 			if templ_7745c5c3_Err != nil {
@@ -245,7 +245,7 @@ func messagePage(title, message string) templ.Component {
 			var templ_7745c5c3_Var12 string
 			templ_7745c5c3_Var12, templ_7745c5c3_Err = templ.JoinStringErrs(message)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `login.templ`, Line: 68, Col: 14}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `internal/devidp/login.templ`, Line: 68, Col: 14}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var12))
 			if templ_7745c5c3_Err != nil {
