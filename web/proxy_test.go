@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -197,15 +196,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			tag := gjson.Get(c.body, "mock.tag").Str
-			conn, err := net.Dial("tcp", strings.TrimPrefix(e.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e.Key +
-				"\r\nContent-Type: application/json\r\nContent-Length: " + itoa(len(c.body)) + "\r\n\r\n" + c.body
-			if _, err := conn.Write([]byte(req)); err != nil {
-				t.Fatal(err)
-			}
+			conn := rawRequest(t, e, c.body, "", nil)
 			var id string
 			if c.readBytes > 0 {
 				br := bufio.NewReader(conn)
