@@ -12,6 +12,7 @@ import (
 
 	"moonji/internal/apikey"
 	"moonji/internal/auth"
+	"moonji/internal/chat"
 	"moonji/internal/clientip"
 	"moonji/internal/gateway"
 )
@@ -26,6 +27,8 @@ type Handler struct {
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service
+	// Chat serves the browser chat's conversations and generations.
+	Chat *chat.Service
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client
 	// (see clientIP); without any, the TCP peer is the client.
 	TrustedProxies []netip.Prefix

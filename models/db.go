@@ -99,7 +99,7 @@ func setPool(db *gorm.DB, driver string) error {
 
 // Migrate creates or updates every table.
 func Migrate(db *gorm.DB) error {
-	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}); err != nil {
+	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
 	return nil

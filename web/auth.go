@@ -68,6 +68,14 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 
 	api := app.Group("/api", h.RequireAPISession)
 	api.Get("/me", h.Me)
+	api.Post("/v1/conversations", h.CreateConversation)
+	api.Get("/v1/conversations", h.ListConversations)
+	api.Get("/v1/conversations/:id", h.Conversation)
+	api.Patch("/v1/conversations/:id", h.RenameConversation)
+	api.Delete("/v1/conversations/:id", h.DeleteConversation)
+	api.Get("/v1/conversations/:id/export", h.ExportConversation)
+	api.Post("/v1/conversations/:id/messages", h.SendMessage)
+	api.Get("/v1/generations/:id/events", h.GenerationEvents)
 
 	keys := app.Group("/keys", h.RequirePageSession)
 	keys.Get("", h.Keys)

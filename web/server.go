@@ -21,9 +21,11 @@ import (
 	"moonji/handlers"
 	"moonji/internal/admission"
 	"moonji/internal/apikey"
+	"moonji/internal/chat"
 	"moonji/internal/config"
 	"moonji/internal/gateway"
 	"moonji/internal/ledger"
+	"moonji/internal/markdown"
 	"moonji/internal/metrics"
 	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
@@ -42,6 +44,7 @@ type Server struct {
 	Gateway *gateway.Gateway
 	Stops   *stop.Service
 	Redis   *redis.Client
+	Chat    *chat.Service
 
 	log      *slog.Logger
 	keys     *apikey.Store
@@ -71,6 +74,14 @@ func (s *Server) closeOrphans(ctx context.Context, restarted string) {
 	}
 	if n > 0 {
 		s.log.Warn("closed usage rows left unfinished by a stopped gateway", "rows", n, "reason", "gateway_restart")
+	}
+	n, err = models.CloseUnfinishedMessages(ctx, s.DB, restarted, time.Now().Add(-replicaStale))
+	if err != nil {
+		s.log.Error("close unfinished chat messages", "err", err)
+		return
+	}
+	if n > 0 {
+		s.log.Warn("closed chat replies left unfinished by a stopped gateway", "messages", n, "reason", "gateway_restart")
 	}
 }
 
@@ -198,7 +209,17 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		ErrorHandler: s.errorHandler,
 	})
 	markUnread(s.App.Server())
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log,
+	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID,
+		ContextTokens: cfg.Chat.ContextTokens, Log: log.With("component", "chat"),
+		Render: markdown.Render,
+		Stop: func(ctx context.Context, id string) error {
+			_, err := s.Stops.RequestSeen(ctx, id, -1)
+			return err
+		}})
+	// Closed before the stop service, the ledger and the database (closers
+	// run in reverse): stopped replies are saved through all three.
+	s.closers = append(s.closers, s.Chat.Close)
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {
@@ -332,6 +353,11 @@ func (s *Server) Shutdown(timeout time.Duration) {
 			s.log.Warn("shutdown", "err", err)
 		}
 	}
+	if s.Chat != nil {
+		// Before the builtin engines go: a reply they serve is stopped and
+		// saved, not cut off as an error.
+		s.Chat.Close()
+	}
 	for _, b := range s.builtins {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = b.Shutdown(ctx)
@@ -371,7 +397,7 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if status >= 500 {
 		msg = "internal error"
 	}
-	if !onV1(c) {
+	if !openAIShaped(c) {
 		return c.Status(status).SendString(msg)
 	}
 	if c.GetRespHeader("X-Inference-Id") == "" {
@@ -412,13 +438,13 @@ func markUnread(srv *fasthttp.Server) {
 // regard to case). A request fasthttp could not read has no path (its
 // headers are reset: it reads as GET /); it may well have been one, and
 // takes /v1's answer, which any client can read.
-func onV1(c *fiber.Ctx) bool {
+func openAIShaped(c *fiber.Ctx) bool {
 	if c.Context().UserValue(unreadRequest) != nil {
 		return true
 	}
 	p := c.Path()
-	if strings.EqualFold(p, "/api/v1/inference/stop") {
-		return true // the web stop answers in OpenAI's shape too
+	if len(p) >= 8 && strings.EqualFold(p[:8], "/api/v1/") {
+		return true // the JSON API (chat, stop) answers in OpenAI's shape too
 	}
 	return len(p) >= 3 && strings.EqualFold(p[:3], "/v1") && (len(p) == 3 || p[3] == '/')
 }

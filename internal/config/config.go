@@ -68,7 +68,19 @@ type Config struct {
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	CORS           CORS     `yaml:"cors"`
 	Keys           Keys     `yaml:"keys"`
+	Chat           Chat     `yaml:"chat"`
 }
+
+// Chat configures the browser chat.
+type Chat struct {
+	// ContextTokens bounds the earlier messages sent with a new one: the
+	// oldest are left out until the estimate fits. The newest message is
+	// always sent.
+	ContextTokens int `yaml:"context_tokens"`
+}
+
+// DefaultChatContextTokens fits the context window of most small models.
+const DefaultChatContextTokens = 8192
 
 // CORS lets browser apps on other origins call /v1.
 type CORS struct {
@@ -264,6 +276,9 @@ func (c *Config) applyDefaults() {
 	if c.Keys.MaxRPM == 0 {
 		c.Keys.MaxRPM = c.RateLimit.RequestsPerMinute
 	}
+	if c.Chat.ContextTokens == 0 {
+		c.Chat.ContextTokens = DefaultChatContextTokens
+	}
 	if len(c.Backends) == 0 && len(c.Models) == 0 {
 		c.Backends = []Backend{{Name: "demo", Kind: KindBuiltin, TokensPerSecond: 30}}
 		c.Models = []Model{{Name: DemoModel, Backend: "demo"}}
@@ -361,6 +376,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Keys.MaxRPM < 0 {
 		bad("keys.max_rpm", "must not be negative")
+	}
+	if c.Chat.ContextTokens < 256 || c.Chat.ContextTokens > 10_000_000 {
+		bad("chat.context_tokens", "must be between 256 and 10000000, got %d", c.Chat.ContextTokens)
 	}
 	backends := map[string]bool{}
 	for i, b := range c.Backends {

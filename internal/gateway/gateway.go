@@ -135,6 +135,21 @@ type Call struct {
 	// whether a client that half-closed still reads (connwatch). Nil: a
 	// half-closed client counts as gone.
 	Probe []byte
+	// OnEnd, when set, is called once when an admitted request has ended,
+	// with its final usage row and, for a stopped one, what the person who
+	// stopped it had seen (the chat keeps exactly that). A request refused
+	// before admission (bad body, unknown model, rate limit) does not call
+	// it: its Response says everything.
+	OnEnd func(End)
+}
+
+// End is how an admitted request ended.
+type End struct {
+	Row models.Usage
+	// Seen is the number of content chunks the person who stopped the
+	// request had applied, when the stop said (SeenOK).
+	Seen   int
+	SeenOK bool
 }
 
 // Response is what the handler writes back.
@@ -727,6 +742,13 @@ func (x *exchange) finish() {
 		g.ledger.Finish(*row)
 	} else {
 		g.ledger.Record(*row)
+	}
+	if x.call.OnEnd != nil {
+		end := End{Row: *row}
+		if x.stopRun != nil {
+			end.Seen, end.SeenOK = x.stopRun.Seen()
+		}
+		x.call.OnEnd(end)
 	}
 	if x.stopRun != nil {
 		if row.Outcome == models.OutcomeStopped {

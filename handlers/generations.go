@@ -1,0 +1,126 @@
+package handlers
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"html"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"moonji/internal/chat"
+)
+
+// heartbeatEvery keeps a quiet event stream alive through proxies, and is
+// how a viewer that left is noticed: fasthttp tells nothing until a write
+// fails.
+const heartbeatEvery = 15 * time.Second
+
+// GenerationEvents serves GET /api/v1/generations/{inference_id}/events:
+// the reply as Server-Sent Events. Each "chunk" event carries the next
+// piece of text, HTML-escaped; the one "done" event the final message as
+// HTML. Every event has its seq as id, so Last-Event-ID (or
+// ?last_event_id=) resumes after it.
+func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
+	p, ok := h.person(c)
+	if !ok {
+		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
+	}
+	from := 0
+	last := c.Get("Last-Event-ID")
+	if last == "" {
+		last = c.Query("last_event_id")
+	}
+	if last != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(last))
+		if err != nil || n < 0 {
+			return apiError(c, http.StatusBadRequest, "Last-Event-ID must be a non-negative integer.", "invalid_request_error", "invalid_request")
+		}
+		from = n
+	}
+	f, err := h.Chat.Follow(c.UserContext(), p.UserID, strings.Clone(c.Params("id")))
+	if errors.Is(err, chat.ErrNotFound) {
+		return apiError(c, http.StatusNotFound, "No such generation.", "invalid_request_error", "not_found")
+	}
+	if err != nil {
+		return h.chatError(c, err)
+	}
+	c.Set(fiber.HeaderContentType, "text/event-stream; charset=utf-8")
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Set("X-Accel-Buffering", "no") // nginx in front must not buffer the stream
+	// The writer runs after this handler returns, on a *fiber.Ctx Fiber
+	// has reused: it must use only what is copied out here. The server's
+	// done channel closes at shutdown.
+	serverDone := c.Context().Done()
+	log := h.Log
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-serverDone:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		// A comment first, so the headers leave at once.
+		if _, err := w.WriteString(": stream\n\n"); err != nil || w.Flush() != nil {
+			return
+		}
+		seq := from
+		for {
+			evs, err := f.Next(ctx, seq, heartbeatEvery)
+			if err != nil {
+				if !errors.Is(err, context.Canceled) && !errors.Is(err, chat.ErrFollowEnded) {
+					log.Warn("follow generation", "err", err)
+				}
+				return
+			}
+			if len(evs) == 0 {
+				_, _ = w.WriteString(": heartbeat\n\n")
+			}
+			done := false
+			for _, ev := range evs {
+				if ev.Done {
+					writeEvent(w, ev.Seq, "done", ev.HTML)
+					done = true
+					continue
+				}
+				writeEvent(w, ev.Seq, "chunk", escapeChunk(ev.Text))
+				seq = ev.Seq
+			}
+			// A failed flush is the only sign that the viewer left.
+			if w.Flush() != nil || done {
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// writeEvent writes one SSE event; each line of data becomes a data line
+// (a viewer joins them with newlines again).
+func writeEvent(w *bufio.Writer, id int, event, data string) {
+	w.WriteString("id: ")
+	w.WriteString(strconv.Itoa(id))
+	w.WriteString("\nevent: ")
+	w.WriteString(event)
+	w.WriteByte('\n')
+	data = strings.ReplaceAll(data, "\r\n", "\n")
+	for line := range strings.SplitSeq(data, "\n") {
+		w.WriteString("data: ")
+		w.WriteString(strings.ReplaceAll(line, "\r", ""))
+		w.WriteByte('\n')
+	}
+	w.WriteByte('\n')
+}
+
+// escapeChunk HTML-escapes a piece of text; a carriage return, which SSE
+// would take for a line end, becomes its character reference.
+func escapeChunk(s string) string {
+	return strings.ReplaceAll(html.EscapeString(s), "\r", "&#13;")
+}

@@ -1,0 +1,397 @@
+// Package chat owns the browser chat: conversations, their messages, and
+// the generations that write the assistant's replies. A generation is an
+// ordinary request through the gateway on behalf of the person (routing,
+// rate limit, admission, usage row, Stop), run on the server: it goes on
+// whoever watches it, and only Stop ends it early. It knows nothing of
+// Fiber; handlers call it.
+package chat
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"html"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+
+	"moonji/internal/gateway"
+	"moonji/models"
+)
+
+// Limits on what a person sends.
+const (
+	MaxContentBytes = 32 << 10
+	MaxTitleChars   = 200
+	// PageSize is how many conversations a list page holds.
+	PageSize = 50
+	// titleChars is how much of the first message names a conversation.
+	titleChars = 60
+)
+
+// Errors handlers turn into answers.
+var (
+	ErrNotFound     = models.ErrNotFound // unknown, or someone else's
+	ErrBusy         = models.ErrBusy
+	ErrUnknownModel = errors.New("unknown model")
+	ErrTooLarge     = errors.New("message too large")
+	ErrEmpty        = errors.New("message is empty")
+	ErrTitleTooLong = errors.New("title too long")
+	ErrBadCursor    = errors.New("bad cursor")
+	ErrClosed       = errors.New("chat is shutting down")
+)
+
+// Options wire a Service.
+type Options struct {
+	Gateway *gateway.Gateway
+	DB      *gorm.DB
+	// Replica names this replica in the messages it generates, so that a
+	// dead replica's streaming messages can be closed.
+	Replica string
+	// ContextTokens bounds the earlier messages sent with a new one.
+	ContextTokens int
+	// Render turns a saved Markdown answer into HTML; default: the text
+	// escaped in one paragraph.
+	Render func(markdown string) string
+	// Stop stops a running generation the way a person's Stop does (the
+	// gateway's stop service), for deletes and shutdown; nil: they wait.
+	Stop func(ctx context.Context, inferenceID string) error
+	// ExtraBody adds top-level fields to every generation's request body
+	// (tests steer the mock engine with its "mock" object).
+	ExtraBody map[string]any
+	// Keep is how long a finished generation's log stays for late viewers
+	// (default one minute; the database has the text after).
+	Keep time.Duration
+	Log  *slog.Logger
+}
+
+// Service runs the chat of one replica.
+type Service struct {
+	o   Options
+	log *slog.Logger
+
+	mu         sync.Mutex
+	extra      map[string]any
+	live       map[string]*generation // by inference id: running and recently finished
+	running    map[string]*generation // by conversation id
+	forgetters map[string]*time.Timer
+	closed     bool
+	quit       chan struct{}
+	wg         sync.WaitGroup
+}
+
+// New returns a Service.
+func New(o Options) *Service {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Render == nil {
+		o.Render = func(md string) string { return "<p>" + html.EscapeString(md) + "</p>" }
+	}
+	if o.ContextTokens <= 0 {
+		o.ContextTokens = 8192
+	}
+	if o.Keep <= 0 {
+		o.Keep = time.Minute
+	}
+	return &Service{o: o, log: o.Log, extra: o.ExtraBody, live: map[string]*generation{},
+		running: map[string]*generation{}, forgetters: map[string]*time.Timer{}, quit: make(chan struct{})}
+}
+
+// SetExtraBody replaces Options.ExtraBody for the generations started
+// from now on (tests in other packages steer the mock engine with it).
+func (s *Service) SetExtraBody(m map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.extra = m
+}
+
+// Person is who uses the chat.
+type Person struct {
+	UserID uint
+	Email  string
+	Admin  bool
+}
+
+func (p Person) principal() gateway.Principal {
+	return gateway.Principal{UserID: p.UserID, Email: p.Email, Admin: p.Admin, Source: gateway.SourceWeb}
+}
+
+// Create starts an empty conversation with model.
+func (s *Service) Create(ctx context.Context, p Person, model string) (*models.Conversation, error) {
+	if !slices.Contains(s.o.Gateway.Models(), model) {
+		return nil, ErrUnknownModel
+	}
+	c := &models.Conversation{ID: models.NewConversationID(), UserID: p.UserID, Model: model}
+	if err := models.CreateConversation(ctx, s.o.DB, c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Page is one page of a person's conversations; NextCursor is empty on the
+// last.
+type Page struct {
+	Conversations []models.Conversation
+	NextCursor    string
+}
+
+// List returns the person's conversations last used first, PageSize at a
+// time from cursor ("" for the first page); query matches titles.
+func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (Page, error) {
+	after, err := parseCursor(cursor)
+	if err != nil {
+		return Page{}, err
+	}
+	rows, err := models.ListConversations(ctx, s.o.DB, userID, query, after, PageSize+1)
+	if err != nil {
+		return Page{}, err
+	}
+	var p Page
+	if len(rows) > PageSize {
+		rows = rows[:PageSize]
+		last := rows[len(rows)-1]
+		p.NextCursor = formatCursor(last.UpdatedAt, last.ID)
+	}
+	p.Conversations = rows
+	return p, nil
+}
+
+// A cursor is opaque to clients: base64 of "unix-nanos,id".
+func formatCursor(t time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixNano(), 10) + "," + id))
+}
+
+func parseCursor(c string) (*models.ConversationCursor, error) {
+	if c == "" {
+		return nil, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return nil, ErrBadCursor
+	}
+	ns, id, ok := strings.Cut(string(raw), ",")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || id == "" {
+		return nil, ErrBadCursor
+	}
+	return &models.ConversationCursor{UpdatedAt: time.Unix(0, n).UTC(), ID: id}, nil
+}
+
+// Get returns the person's conversation id with its messages.
+func (s *Service) Get(ctx context.Context, userID uint, id string) (*models.Conversation, []models.Message, error) {
+	c, err := models.ConversationOf(ctx, s.o.DB, userID, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	msgs, err := models.ConversationMessages(ctx, s.o.DB, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, msgs, nil
+}
+
+// Rename sets the title of the person's conversation id.
+func (s *Service) Rename(ctx context.Context, userID uint, id, title string) error {
+	title = strings.TrimSpace(title)
+	if utf8.RuneCountInString(title) > MaxTitleChars {
+		return ErrTitleTooLong
+	}
+	return models.RenameConversation(ctx, s.o.DB, userID, id, title)
+}
+
+// Delete deletes the person's conversation id, stopping its running
+// generation first (its final state is saved before the rows go).
+func (s *Service) Delete(ctx context.Context, userID uint, id string) error {
+	if _, err := models.ConversationOf(ctx, s.o.DB, userID, id); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	g := s.running[id]
+	s.mu.Unlock()
+	if g != nil {
+		s.stop(ctx, g)
+	}
+	return models.DeleteConversation(ctx, s.o.DB, userID, id)
+}
+
+// stop stops g and waits (bounded) until its final state is saved.
+func (s *Service) stop(ctx context.Context, g *generation) {
+	if s.o.Stop != nil {
+		if err := s.o.Stop(ctx, g.id); err != nil {
+			s.log.Warn("stop generation", "inference_id", g.id, "err", err)
+		}
+	}
+	select {
+	case <-g.ended:
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		s.log.Warn("generation did not end after its stop", "inference_id", g.id)
+	}
+}
+
+// Close refuses new messages, stops the running generations (each saves
+// what it has as stopped) and waits for them, at most timeout.
+func (s *Service) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.quit)
+	var running []*generation
+	for _, g := range s.running {
+		running = append(running, g)
+	}
+	for _, t := range s.forgetters {
+		t.Stop()
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, g := range running {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.stop(ctx, g) }()
+	}
+	wg.Wait()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("chat generations still running at shutdown")
+	}
+}
+
+// Sent is what Send started.
+type Sent struct {
+	MessageID   string // the assistant's reply
+	InferenceID string
+}
+
+// Send adds the person's message to conversation id and starts the
+// assistant's reply, which runs on its own; it returns once the reply's
+// message exists (status streaming).
+func (s *Service) Send(ctx context.Context, p Person, id, content string) (Sent, error) {
+	if len(content) > MaxContentBytes {
+		return Sent{}, ErrTooLarge
+	}
+	content = models.StorableText(content)
+	if strings.TrimSpace(content) == "" {
+		return Sent{}, ErrEmpty
+	}
+	conv, err := models.ConversationOf(ctx, s.o.DB, p.UserID, id)
+	if err != nil {
+		return Sent{}, err
+	}
+	g := &generation{s: s, id: gateway.NewInferenceID(), convID: conv.ID, userID: p.UserID,
+		log: NewLog(), ended: make(chan struct{})}
+	// One reply at a time per conversation: this map on this replica, the
+	// transaction below across replicas.
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return Sent{}, ErrClosed
+	case s.running[conv.ID] != nil:
+		s.mu.Unlock()
+		return Sent{}, ErrBusy
+	}
+	s.running[conv.ID] = g
+	s.live[g.id] = g
+	extra := s.extra
+	s.mu.Unlock()
+
+	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleUser,
+		Content: content, Status: models.MessageDone}
+	inf := g.id
+	reply := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleAssistant,
+		Status: models.MessageStreaming, Model: conv.Model, InferenceID: &inf, Replica: s.o.Replica}
+	g.msgID = reply.ID
+	if err := models.StartExchange(ctx, s.o.DB, conv, user, reply, titleOf(content)); err != nil {
+		s.mu.Lock()
+		delete(s.running, conv.ID)
+		delete(s.live, g.id)
+		s.mu.Unlock()
+		return Sent{}, err
+	}
+	body, err := s.requestBody(ctx, conv, reply.ID, extra)
+	if err != nil {
+		// The reply exists: it must not stay streaming.
+		g.finish(models.MessageEnd{Status: models.MessageError, Reason: "The conversation could not be read."})
+		s.release(g)
+		return Sent{}, err
+	}
+	s.wg.Add(1)
+	go g.run(p.principal(), body)
+	return Sent{MessageID: reply.ID, InferenceID: g.id}, nil
+}
+
+// titleOf names a conversation after its first message: the first
+// non-blank line, cut to titleChars characters.
+func titleOf(content string) string {
+	line := ""
+	for l := range strings.SplitSeq(content, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			line = l
+			break
+		}
+	}
+	if utf8.RuneCountInString(line) <= titleChars {
+		return line
+	}
+	r := []rune(line)
+	return strings.TrimSpace(string(r[:titleChars-1])) + "…"
+}
+
+// release marks g's conversation free for the next message and drops its
+// log after Keep (late viewers find the text in the database after that).
+func (s *Service) release(g *generation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[g.convID] == g {
+		delete(s.running, g.convID)
+	}
+	if s.closed {
+		delete(s.live, g.id)
+		return
+	}
+	s.forgetters[g.id] = time.AfterFunc(s.o.Keep, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.live, g.id)
+		delete(s.forgetters, g.id)
+	})
+}
+
+// RenderFinal renders a finished assistant message as the HTML the page
+// shows: the rendered answer in an element whose data-status is the
+// message's status, with the reason of an error.
+func (s *Service) RenderFinal(f Final) string {
+	var b strings.Builder
+	b.WriteString(`<div class="answer" data-status="`)
+	b.WriteString(html.EscapeString(f.Status))
+	b.WriteString(`">`)
+	if f.Content != "" {
+		b.WriteString(s.o.Render(f.Content))
+	}
+	if f.Status == models.MessageError {
+		reason := f.Reason
+		if reason == "" {
+			reason = "The answer failed."
+		}
+		b.WriteString(`<p class="error">`)
+		b.WriteString(html.EscapeString(reason))
+		b.WriteString(`</p>`)
+	}
+	b.WriteString(`</div>`)
+	return b.String()
+}

@@ -1,0 +1,79 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+
+	"moonji/models"
+)
+
+// tokensPerMessage is the framing a message costs beyond its text, as
+// proxy.EstimatePromptTokens counts it.
+const tokensPerMessage = 4
+
+type wireMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// requestBody builds the generation's request from the conversation: its
+// earlier messages (the person's, and the assistant's that finished or were
+// stopped) up to the reply, trimmed from the oldest to fit ContextTokens;
+// the newest message always goes.
+func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, replyID string, extra map[string]any) ([]byte, error) {
+	msgs, err := models.ConversationMessages(ctx, s.o.DB, conv.ID)
+	if err != nil {
+		return nil, err
+	}
+	var history []wireMessage
+	for _, m := range msgs {
+		if m.ID == replyID {
+			break
+		}
+		switch {
+		case m.Role == models.RoleUser:
+		case m.Role == models.RoleAssistant && (m.Status == models.MessageDone || m.Status == models.MessageStopped) && m.Content != "":
+		default:
+			continue
+		}
+		history = append(history, wireMessage{Role: m.Role, Content: m.Content})
+	}
+	history = fitContext(history, s.o.ContextTokens)
+	body := map[string]any{}
+	maps.Copy(body, extra)
+	body["model"] = conv.Model
+	body["stream"] = true
+	body["messages"] = history
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("encode chat request: %w", err)
+	}
+	return b, nil
+}
+
+// estimateTokens guesses a message's tokens: about four bytes of text per
+// token plus its framing. Bytes, not characters: it errs on the safe side
+// for scripts that take more bytes per token.
+func estimateTokens(m wireMessage) int { return len(m.Content)/4 + tokensPerMessage }
+
+// fitContext drops the oldest messages until the estimate fits budget; the
+// last message always stays.
+func fitContext(history []wireMessage, budget int) []wireMessage {
+	if len(history) == 0 {
+		return history
+	}
+	total := 0
+	start := len(history) - 1
+	total += estimateTokens(history[start])
+	for start > 0 {
+		t := estimateTokens(history[start-1])
+		if total+t > budget {
+			break
+		}
+		total += t
+		start--
+	}
+	return history[start:]
+}

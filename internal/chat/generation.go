@@ -1,0 +1,234 @@
+package chat
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"moonji/internal/gateway"
+	"moonji/internal/jsonguard"
+	"moonji/models"
+)
+
+// maxLogBytes caps a generation's text: past it the generation is ended
+// as an error (the log is held in memory for every viewer).
+const maxLogBytes = 1 << 20
+
+// saveEvery is how often the partial text of a streaming reply is saved,
+// so a crash or a viewer on another replica loses at most this much.
+const saveEvery = time.Second
+
+// generation is one assistant reply being written.
+type generation struct {
+	s      *Service
+	id     string // inference id
+	msgID  string
+	convID string
+	userID uint
+	log    *Log
+	// ended is closed once the final state is saved.
+	ended chan struct{}
+
+	// The fields below belong to the goroutine running the request (the
+	// gateway calls OnEnd on it too).
+	finished  bool
+	streaming bool // the answer's stream is being read
+	end       *gateway.End
+	overflow  bool
+	engineErr string
+	lastSave  time.Time
+	savedLen  int
+}
+
+// run sends the request through the gateway and reads its answer.
+func (g *generation) run(p gateway.Principal, body []byte) {
+	defer g.s.wg.Done()
+	defer g.s.release(g)
+	resp := g.s.o.Gateway.ChatCompletions(gateway.Call{ID: g.id, Start: time.Now(), Principal: p, Body: body, OnEnd: g.onEnd})
+	switch {
+	case g.finished:
+		// Ended before any answer (a stop while queued): the response is
+		// the gateway's well-formed empty stream.
+		if resp.BodyStream != nil {
+			_, _ = io.Copy(io.Discard, resp.BodyStream)
+			_ = resp.BodyStream.Close()
+		}
+	case resp.Status == http.StatusOK && resp.BodyStream != nil:
+		g.read(resp.BodyStream)
+	case resp.Status == http.StatusOK:
+		// A whole answer, though a stream was asked for.
+		text := gjson.GetBytes(resp.Body, "choices.0.message.content").String()
+		if text != "" {
+			g.log.Append(text)
+		}
+		g.finishFromEnd()
+	default:
+		end := models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: errorMessage(resp)}
+		if g.end != nil {
+			end.PromptTokens, end.CompletionTokens = g.end.Row.PromptTokens, g.end.Row.CompletionTokens
+		}
+		g.finish(end)
+	}
+	if !g.finished {
+		g.finish(models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: "The answer ended unexpectedly."})
+	}
+}
+
+// errorMessage is the readable part of an error answer in OpenAI's shape.
+func errorMessage(resp *gateway.Response) string {
+	if m := gjson.GetBytes(resp.Body, "error.message"); m.Type == gjson.String && m.Str != "" {
+		return m.Str
+	}
+	return fmt.Sprintf("The request failed (HTTP %d).", resp.Status)
+}
+
+// read reads the answer's SSE frames into the log. Closing the stream (at
+// its end, or early when the log is full) finishes the request in the
+// gateway, which calls onEnd from inside Read or Close.
+func (g *generation) read(stream io.ReadCloser) {
+	g.streaming = true
+	defer stream.Close()
+	br := bufio.NewReaderSize(stream, 32<<10)
+	for {
+		line, err := br.ReadBytes('\n')
+		if payload, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:")); ok {
+			g.frame(bytes.TrimPrefix(payload, []byte(" ")))
+			if g.overflow {
+				// Closing early cuts the engine off; the gateway ends the
+				// request (and calls onEnd) right there.
+				_ = stream.Close()
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				g.s.log.Warn("read chat answer", "inference_id", g.id, "err", err)
+			}
+			return
+		}
+	}
+}
+
+// frame takes one data payload of the answer.
+func (g *generation) frame(payload []byte) {
+	// jsonguard, not gjson.ValidBytes: an engine's frame may be up to 4 MB,
+	// and gjson's validator recurses once per nesting level.
+	if len(payload) == 0 || string(payload) == "[DONE]" || jsonguard.Validate(payload, nil) != nil {
+		return
+	}
+	if e := gjson.GetBytes(payload, "error"); e.Exists() && e.Type != gjson.Null {
+		if g.engineErr = e.Get("message").String(); g.engineErr == "" {
+			g.engineErr = "The model reported an error."
+		}
+		return
+	}
+	text := gjson.GetBytes(payload, "choices.0.delta.content").String()
+	if text == "" {
+		return
+	}
+	if g.log.Append(text) > maxLogBytes {
+		g.overflow = true
+		return
+	}
+	if time.Since(g.lastSave) >= saveEvery {
+		g.saveProgress()
+	}
+}
+
+// saveProgress stores the text so far; a failure is logged, not fatal (the
+// final save will try again).
+func (g *generation) saveProgress() {
+	g.lastSave = time.Now()
+	text := g.log.Text(-1)
+	if len(text) == g.savedLen {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := models.SaveMessageContent(ctx, g.s.o.DB, g.msgID, text); err != nil {
+		g.s.log.Warn("save partial answer", "inference_id", g.id, "err", err)
+		return
+	}
+	g.savedLen = len(text)
+}
+
+// onEnd is the gateway's OnEnd: the request is over. A stop's end is saved
+// here and now, before the stop is acknowledged, so a reload after the
+// stop's 200 shows exactly what was kept; so is the end of a streamed
+// answer. An end before any answer waits for the Response, whose error
+// message says more than the usage row's reason.
+func (g *generation) onEnd(end gateway.End) {
+	g.end = &end
+	if end.Row.Outcome == models.OutcomeStopped || g.streaming {
+		g.finishFromEnd()
+	}
+}
+
+// finishFromEnd saves the final state the gateway's end tells.
+func (g *generation) finishFromEnd() {
+	if g.finished {
+		return
+	}
+	e := models.MessageEnd{Status: models.MessageDone, Content: g.log.Text(-1)}
+	var row models.Usage
+	if g.end != nil {
+		row = g.end.Row
+	}
+	e.PromptTokens, e.CompletionTokens = row.PromptTokens, row.CompletionTokens
+	switch {
+	case g.overflow:
+		e.Status, e.Reason = models.MessageError, fmt.Sprintf("The answer grew past %d KiB and was cut.", maxLogBytes>>10)
+	case g.engineErr != "":
+		e.Status, e.Reason = models.MessageError, g.engineErr
+	case row.Outcome == models.OutcomeStopped:
+		e.Status = models.MessageStopped
+		if g.end.SeenOK {
+			// Exactly what the person's page showed when they pressed Stop.
+			e.Content = g.log.Text(g.end.Seen)
+		}
+	case row.Outcome == models.OutcomeSuccess || g.end == nil:
+	default:
+		e.Status, e.Reason = models.MessageError, readableReason(row.Reason)
+	}
+	g.finish(e)
+}
+
+// readableReason turns a usage row's reason into words for the page.
+func readableReason(reason string) string {
+	switch reason {
+	case "upstream_timeout":
+		return "The model took too long to answer."
+	case "upstream_disconnected", "upstream_read_failed":
+		return "The model's answer broke off."
+	case "upstream_unreachable":
+		return "The model could not be reached."
+	case "upstream_stream_error":
+		return "The model reported an error."
+	case "":
+		return "The answer failed."
+	default:
+		return "The answer failed (" + reason + ")."
+	}
+}
+
+// finish saves the final state once, then tells the viewers.
+func (g *generation) finish(e models.MessageEnd) {
+	if g.finished {
+		return
+	}
+	g.finished = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := models.FinishMessage(ctx, g.s.o.DB, g.msgID, e); err != nil {
+		g.s.log.Error("save chat answer", "inference_id", g.id, "err", err)
+	}
+	g.log.Finish(Final{Status: e.Status, Content: models.StorableText(e.Content), Reason: e.Reason})
+	close(g.ended)
+}

@@ -1,0 +1,322 @@
+package models
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+)
+
+// Roles of a chat message.
+const (
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+)
+
+// States of a chat message. A user's message is done at once; an
+// assistant's is streaming while its generation runs.
+const (
+	MessageStreaming = "streaming"
+	MessageDone      = "done"
+	MessageStopped   = "stopped"
+	MessageError     = "error"
+)
+
+// Conversation is one chat of a person with a model.
+type Conversation struct {
+	// ID is random ("c_" and 26 base32 characters): ids appear in URLs and
+	// must not be guessable.
+	ID     string `gorm:"primaryKey;size:40"`
+	UserID uint   `gorm:"not null;index:idx_conversations_user_updated,priority:1"`
+	Title  string `gorm:"size:200"`
+	Model  string `gorm:"size:200"`
+	// UpdatedAt moves with every new message, so the list shows the
+	// conversations last used first.
+	CreatedAt time.Time
+	UpdatedAt time.Time `gorm:"index:idx_conversations_user_updated,priority:2"`
+}
+
+// Message is one turn of a conversation.
+type Message struct {
+	// ID sorts in creation order (a time prefix), so a conversation's
+	// messages are read back in order whatever the clock's resolution.
+	ID             string `gorm:"primaryKey;size:40"`
+	ConversationID string `gorm:"size:40;not null;index"`
+	Role           string `gorm:"size:16"`
+	Content        string `gorm:"type:text"`
+	Status         string `gorm:"size:16;index"`
+	Reason         string `gorm:"size:200"`
+	Model          string `gorm:"size:200"`
+	// InferenceID is the generation's id (and its usage row's); nil for a
+	// person's message, so that the unique index holds only real ids.
+	InferenceID      *string `gorm:"size:40;uniqueIndex"`
+	PromptTokens     int
+	CompletionTokens int
+	// Replica runs the generation of a streaming message; a dead replica's
+	// messages are closed like its usage rows.
+	Replica   string `gorm:"size:200"`
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Sanitize makes a message storable: the short columns as usage rows are
+// (Storable), the content as any valid UTF-8 without NUL (PostgreSQL refuses
+// both invalid UTF-8 and NUL in text).
+func (m *Message) Sanitize() {
+	m.Content = StorableText(m.Content)
+	m.Reason = Storable(m.Reason, 200)
+	m.Model = Storable(m.Model, 200)
+	m.Replica = Storable(m.Replica, 200)
+}
+
+// Sanitize makes a conversation's strings storable.
+func (c *Conversation) Sanitize() {
+	c.Title = Storable(c.Title, 200)
+	c.Model = Storable(c.Model, 200)
+}
+
+// StorableText returns s as valid UTF-8 (invalid bytes become U+FFFD)
+// without NUL bytes; newlines and tabs stay, unlike Storable.
+func StorableText(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, string(utf8.RuneError)), "\x00", "")
+}
+
+var chatIDEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// NewConversationID returns "c_" and 26 characters of crypto-random base32.
+func NewConversationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
+	return "c_" + chatIDEncoding.EncodeToString(b[:])
+}
+
+var (
+	messageClock sync.Mutex
+	lastMessage  int64
+)
+
+// NewMessageID returns "m_" and the base32 of the time in nanoseconds
+// (strictly increasing in this process) followed by 10 random bytes; the
+// alphabet is in ASCII order and the time comes first, big-endian, so ids
+// sort by creation.
+func NewMessageID() string {
+	messageClock.Lock()
+	now := time.Now().UnixNano()
+	if now <= lastMessage {
+		now = lastMessage + 1
+	}
+	lastMessage = now
+	messageClock.Unlock()
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now))
+	_, _ = rand.Read(b[8:])
+	return "m_" + chatIDEncoding.EncodeToString(b[:])
+}
+
+// CreateConversation stores a new conversation.
+func CreateConversation(ctx context.Context, db *gorm.DB, c *Conversation) error {
+	c.Sanitize()
+	if err := db.WithContext(ctx).Create(c).Error; err != nil {
+		return fmt.Errorf("create conversation: %w", err)
+	}
+	return nil
+}
+
+// ConversationOf returns conversation id if it belongs to userID, and
+// ErrNotFound otherwise: someone else's looks like none.
+func ConversationOf(ctx context.Context, db *gorm.DB, userID uint, id string) (*Conversation, error) {
+	var c Conversation
+	err := db.WithContext(ctx).Where("id = ? AND user_id = ?", id, userID).Take(&c).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find conversation %s: %w", id, err)
+	}
+	return &c, nil
+}
+
+// ConversationCursor is where a page of conversations continues: after the
+// one last shown (newest first).
+type ConversationCursor struct {
+	UpdatedAt time.Time
+	ID        string
+}
+
+// ListConversations returns up to limit of the person's conversations,
+// last used first, after cursor (nil: from the start). query, when not
+// empty, keeps those whose title contains it, ignoring case.
+func ListConversations(ctx context.Context, db *gorm.DB, userID uint, query string, after *ConversationCursor, limit int) ([]Conversation, error) {
+	q := db.WithContext(ctx).Where("user_id = ?", userID)
+	if query != "" {
+		// A plain substring match on titles for now; full-text search over
+		// messages comes later. LIKE's wildcards in the query are literal.
+		esc := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(strings.ToLower(query))
+		q = q.Where(`LOWER(title) LIKE ? ESCAPE '\'`, "%"+esc+"%")
+	}
+	if after != nil {
+		t := after.UpdatedAt.UTC()
+		q = q.Where("updated_at < ? OR (updated_at = ? AND id < ?)", t, t, after.ID)
+	}
+	var out []Conversation
+	if err := q.Order("updated_at DESC, id DESC").Limit(limit).Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("list conversations: %w", err)
+	}
+	return out, nil
+}
+
+// RenameConversation sets the title of the person's conversation id.
+func RenameConversation(ctx context.Context, db *gorm.DB, userID uint, id, title string) error {
+	res := db.WithContext(ctx).Model(&Conversation{}).Where("id = ? AND user_id = ?", id, userID).
+		Update("title", Storable(title, 200))
+	if res.Error != nil {
+		return fmt.Errorf("rename conversation %s: %w", id, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteConversation deletes the person's conversation id and its messages.
+func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string) error {
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Where("id = ? AND user_id = ?", id, userID).Delete(&Conversation{})
+		if res.Error != nil {
+			return fmt.Errorf("delete conversation %s: %w", id, res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return ErrNotFound
+		}
+		if err := tx.Where("conversation_id = ?", id).Delete(&Message{}).Error; err != nil {
+			return fmt.Errorf("delete messages of conversation %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// ConversationMessages returns the messages of conversation id in order.
+func ConversationMessages(ctx context.Context, db *gorm.DB, id string) ([]Message, error) {
+	var out []Message
+	if err := db.WithContext(ctx).Where("conversation_id = ?", id).Order("id").Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("read messages of conversation %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// ErrBusy means a conversation already has a message being generated.
+var ErrBusy = errors.New("a reply is still being generated in this conversation")
+
+// StartExchange stores a person's message and the assistant's streaming
+// reply in conversation c, in one transaction that fails with ErrBusy when
+// another reply is still streaming there (on any replica). The first
+// message names an untitled conversation (title).
+func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string) error {
+	user.Sanitize()
+	reply.Sanitize()
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var n int64
+		if err := tx.Model(&Message{}).Where("conversation_id = ? AND status = ?", c.ID, MessageStreaming).
+			Count(&n).Error; err != nil {
+			return fmt.Errorf("check running replies: %w", err)
+		}
+		if n > 0 {
+			return ErrBusy
+		}
+		if err := tx.Create(user).Error; err != nil {
+			return fmt.Errorf("store message: %w", err)
+		}
+		if err := tx.Create(reply).Error; err != nil {
+			return fmt.Errorf("store reply: %w", err)
+		}
+		set := map[string]any{"updated_at": time.Now().UTC()}
+		if c.Title == "" && title != "" {
+			set["title"] = Storable(title, 200)
+		}
+		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Updates(set).Error; err != nil {
+			return fmt.Errorf("touch conversation: %w", err)
+		}
+		return nil
+	})
+}
+
+// SaveMessageContent stores the partial content of a streaming message.
+func SaveMessageContent(ctx context.Context, db *gorm.DB, id, content string) error {
+	err := db.WithContext(ctx).Model(&Message{}).Where("id = ? AND status = ?", id, MessageStreaming).
+		Updates(map[string]any{"content": StorableText(content), "updated_at": time.Now().UTC()}).Error
+	if err != nil {
+		return fmt.Errorf("save content of message %s: %w", id, err)
+	}
+	return nil
+}
+
+// MessageEnd is how a streaming message ended.
+type MessageEnd struct {
+	Status           string
+	Content          string
+	Reason           string
+	PromptTokens     int
+	CompletionTokens int
+}
+
+// FinishMessage stores the final state of a streaming message. A message
+// already finished (closed as a restart's leftover meanwhile) keeps its
+// state.
+func FinishMessage(ctx context.Context, db *gorm.DB, id string, end MessageEnd) error {
+	err := db.WithContext(ctx).Model(&Message{}).Where("id = ? AND status = ?", id, MessageStreaming).
+		Updates(map[string]any{
+			"status": end.Status, "content": StorableText(end.Content), "reason": Storable(end.Reason, 200),
+			"prompt_tokens": end.PromptTokens, "completion_tokens": end.CompletionTokens,
+			"updated_at": time.Now().UTC(),
+		}).Error
+	if err != nil {
+		return fmt.Errorf("finish message %s: %w", id, err)
+	}
+	return nil
+}
+
+// MessageByInference returns the assistant message of inference id and the
+// id of the person whose conversation holds it.
+func MessageByInference(ctx context.Context, db *gorm.DB, id string) (*Message, uint, error) {
+	var row struct {
+		Message
+		OwnerID uint
+	}
+	err := db.WithContext(ctx).Model(&Message{}).
+		Select("messages.*, conversations.user_id AS owner_id").
+		Joins("JOIN conversations ON conversations.id = messages.conversation_id").
+		Where("messages.inference_id = ?", id).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, 0, ErrNotFound
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("find message of inference %s: %w", id, err)
+	}
+	return &row.Message, row.OwnerID, nil
+}
+
+// CloseUnfinishedMessages marks the streaming messages of dead replicas as
+// errors with reason gateway_restart, the twin of CloseUnfinishedUsage:
+// replicas silent since staleBefore, and at start-up (restarted = this
+// replica's id) this replica's previous life. Their text so far stays.
+func CloseUnfinishedMessages(ctx context.Context, db *gorm.DB, restarted string, staleBefore time.Time) (int64, error) {
+	live := db.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), restarted)
+	res := db.WithContext(ctx).Model(&Message{}).Where("status = ?", MessageStreaming).
+		Where("replica NOT IN (?)", live).
+		Updates(map[string]any{"status": MessageError, "reason": "gateway_restart", "updated_at": time.Now().UTC()})
+	if res.Error != nil {
+		return 0, fmt.Errorf("close unfinished messages: %w", res.Error)
+	}
+	return res.RowsAffected, nil
+}
