@@ -688,3 +688,19 @@ func TestChatFollowsReplyOfAnotherReplica(t *testing.T) {
 		t.Errorf("other person: %d", resp.StatusCode)
 	}
 }
+
+// An event stream lives as long as its generation, however short the
+// stream_write_timeout: that limit is about a /v1 client that stops
+// reading, not about the age of a response (a server-wide WriteTimeout
+// once cut every event stream at that age).
+func TestChatEventStreamOutlivesTheWriteTimeout(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db", func(c *config.Config) { c.StreamWriteTimeout = 300 * time.Millisecond })
+	p := e.chatter("long@example.com")
+	e.mockBody(map[string]any{"tokens": 12, "tps": 8}) // about 1.5 s
+	s := p.send(p.newConversation(), "take your time")
+	evs := p.events(s.InferenceID, "")
+	checkStream(t, evs, 1, "done")
+	if n := len(evs); n != 13 {
+		t.Errorf("%d events, want 12 chunks and done", n)
+	}
+}

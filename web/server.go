@@ -201,10 +201,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		// disk) before any handler runs; no endpoint takes one.
 		DisablePreParseMultipartForm: true,
 		ReadTimeout:                  60 * time.Second,
-		// A client that does not read a whole answer holds its connection
-		// no longer than this; a stream's relay re-arms the deadline per
-		// frame (gateway), so only a stall ends it.
-		WriteTimeout: cfg.StreamWriteTimeout,
+		// No WriteTimeout: fasthttp would set it once per response, so it
+		// would cut every long-lived answer (a chat's event stream) at that
+		// age. A /v1 stream's relay sets its own deadline per frame instead.
 		IdleTimeout:  120 * time.Second,
 		ErrorHandler: s.errorHandler,
 	})
