@@ -57,6 +57,7 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 	// done channel closes at shutdown.
 	serverDone := c.Context().Done()
 	log := h.Log
+	conn, stall := c.Context().Conn(), h.StreamWriteTimeout
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -67,8 +68,19 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 			case <-ctx.Done():
 			}
 		}()
+		// Each flush hands bytes to the server's writer, which sends them
+		// under this deadline: a viewer that stops reading (keeping its
+		// socket open) fails the write after stall instead of holding the
+		// connection forever. The next request on the connection starts
+		// without it (web's clearWriteDeadline).
+		flush := func() error {
+			if stall > 0 {
+				_ = conn.SetWriteDeadline(time.Now().Add(stall))
+			}
+			return w.Flush()
+		}
 		// A comment first, so the headers leave at once.
-		if _, err := w.WriteString(": stream\n\n"); err != nil || w.Flush() != nil {
+		if _, err := w.WriteString(": stream\n\n"); err != nil || flush() != nil {
 			return
 		}
 		seq := from
@@ -94,7 +106,7 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 				seq = ev.Seq
 			}
 			// A failed flush is the only sign that the viewer left.
-			if w.Flush() != nil || done {
+			if flush() != nil || done {
 				return
 			}
 		}

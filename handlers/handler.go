@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"gorm.io/gorm"
@@ -41,6 +42,9 @@ type Handler struct {
 	// not raise it. Admins are bound by neither. Zero values allow nothing.
 	MaxKeysPerPerson int
 	MaxKeyRPM        int
+	// StreamWriteTimeout ends an event stream whose viewer makes no write
+	// progress for this long (stops reading, keeps the socket).
+	StreamWriteTimeout time.Duration
 
 	// keyCreation makes counting a person's keys and creating one a single
 	// step on this replica, so that parallel forms cannot pass the count together.

@@ -2,6 +2,7 @@ package web
 
 import (
 	"errors"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
@@ -21,6 +22,7 @@ const smallBodyLimit = 64 << 10
 // goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
+	app.Use(clearWriteDeadline)
 	if len(s.Config.CORS.AllowedOrigins) > 0 {
 		app.Use("/v1", cors(s.Config.CORS.AllowedOrigins))
 	}
@@ -63,4 +65,15 @@ func smallBodies(limit int64) fiber.Handler {
 		}
 		return c.Next()
 	}
+}
+
+// clearWriteDeadline starts every request with no write deadline on its
+// connection. Streams (a /v1 relay, a chat's event stream) set one per
+// write to notice a client that stopped reading, and the last one would
+// otherwise outlive them on a keep-alive connection and cut the next
+// answer. The previous response is fully written by then: fasthttp serves
+// a connection's requests one after another.
+func clearWriteDeadline(c *fiber.Ctx) error {
+	_ = c.Context().Conn().SetWriteDeadline(time.Time{})
+	return c.Next()
 }

@@ -219,7 +219,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	// run in reverse): stopped replies are saved through all three.
 	s.closers = append(s.closers, s.Chat.Close)
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat,
-		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}}
+		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}, StreamWriteTimeout: cfg.StreamWriteTimeout}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {
 		return nil, err

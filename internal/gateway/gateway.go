@@ -472,11 +472,8 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	}
 	s.Done = func(res *proxy.RelayResult, delivered bool) {
 		resp.Body.Close()
-		if !x.writeDeadline.IsZero() {
-			// The connection may carry the client's next request: its
-			// answer must not inherit this stream's deadline.
-			_ = x.call.Conn.SetWriteDeadline(time.Time{})
-		}
+		// The deadline stays for the closing bytes; the next request on the
+		// connection starts without it (web's clearWriteDeadline).
 		if !decided {
 			x.closing(res) // the client left mid-stream
 		}
