@@ -89,6 +89,9 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 	case errors.Is(err, chat.ErrTitleTooLong):
 		return apiError(c, http.StatusBadRequest,
 			"The title is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", "invalid_request_error", "invalid_request")
+	case errors.Is(err, chat.ErrQueryTooLong):
+		return apiError(c, http.StatusBadRequest,
+			"The search is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", "invalid_request_error", "invalid_request")
 	case errors.Is(err, chat.ErrBadCursor):
 		return apiError(c, http.StatusBadRequest, "Unknown cursor.", "invalid_request_error", "invalid_request")
 	case errors.Is(err, chat.ErrBadFormat):

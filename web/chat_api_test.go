@@ -550,6 +550,7 @@ func TestChatAPIRefusesBadInput(t *testing.T) {
 		{http.MethodPost, "/api/v1/conversations/" + conv + "/messages", `{"content":["x"]}`, http.StatusBadRequest},
 		{http.MethodPatch, "/api/v1/conversations/" + conv, string(longTitle), http.StatusBadRequest},
 		{http.MethodGet, "/api/v1/conversations?cursor=%%%", "", http.StatusBadRequest},
+		{http.MethodGet, "/api/v1/conversations?q=" + strings.Repeat("%25", 201), "", http.StatusBadRequest},
 		{http.MethodGet, "/api/v1/conversations/" + conv + "/export?format=pdf", "", http.StatusBadRequest},
 		{http.MethodGet, "/api/v1/generations/inf_nope/events", "", http.StatusNotFound},
 	} {
@@ -557,6 +558,10 @@ func TestChatAPIRefusesBadInput(t *testing.T) {
 		if status != r.want || !strings.Contains(body, `"error":{"message"`) {
 			t.Errorf("%s %s %.40q: %d %s, want %d", r.method, r.path, r.body, status, body, r.want)
 		}
+	}
+	// LIKE's wildcards in a search are plain characters: they match nothing here.
+	if status, body := p.do(http.MethodGet, "/api/v1/conversations?q=%25", ""); status != http.StatusOK || !strings.Contains(body, `"data":[]`) {
+		t.Errorf("q=%%: %d %s", status, body)
 	}
 	// None of it left a message.
 	if c := p.conversation(conv); len(c.Messages) != 0 {

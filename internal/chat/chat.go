@@ -44,6 +44,7 @@ var (
 	ErrEmpty        = errors.New("message is empty")
 	ErrTitleTooLong = errors.New("title too long")
 	ErrBadCursor    = errors.New("bad cursor")
+	ErrQueryTooLong = errors.New("search query too long")
 	ErrClosed       = errors.New("chat is shutting down")
 )
 
@@ -145,6 +146,9 @@ type Page struct {
 // List returns the person's conversations last used first, PageSize at a
 // time from cursor ("" for the first page); query matches titles.
 func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (Page, error) {
+	if utf8.RuneCountInString(query) > MaxTitleChars {
+		return Page{}, ErrQueryTooLong // it searches titles: no match can be longer
+	}
 	after, err := parseCursor(cursor)
 	if err != nil {
 		return Page{}, err
