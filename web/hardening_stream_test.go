@@ -133,37 +133,6 @@ func TestBackendTimeoutBoundsTheRelay(t *testing.T) {
 	})
 }
 
-// One byte sent after the request used to switch disconnect detection off.
-func TestDisconnectNoticedAfterExtraBytes(t *testing.T) {
-	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
-	for _, c := range []struct{ name, body string }{
-		{"non-streaming", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"tag":"x1","ttft_ms":30000}}`},
-		{"stream before first token", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"x2","ttft_ms":30000}}`},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			tag := gjson.Get(c.body, "mock.tag").Str
-			conn := rawRequest(t, e, c.body, "x", nil)
-			if _, err := e.Mock.WaitFor(ctxTimeout(t, 5*time.Second), tag, nil); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			left := time.Now()
-			conn.Close()
-			rec, err := e.Mock.WaitFor(ctxTimeout(t, 5*time.Second), tag, func(r mockllm.Record) bool { return r.Cancelled })
-			if err != nil {
-				t.Fatal("the client left after an extra byte and nobody noticed:", err)
-			}
-			if lag := rec.CancelledAt.Sub(left); lag > time.Second {
-				t.Errorf("noticed %v after the client left", lag)
-			}
-			row := e.final(lastRowID(t, e))
-			if row.Outcome != models.OutcomeCancelled || row.Reason != "client_disconnected" {
-				t.Errorf("row = %+v", row)
-			}
-		})
-	}
-}
-
 // A client that half-closes after its request (shutdown of its sending
 // side) but still reads gets its whole answer.
 func TestHalfClosedClientGetsItsAnswer(t *testing.T) {

@@ -186,17 +186,20 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
 	cases := []struct {
 		name, body string
-		readBytes  int // bytes to read before hanging up (0: hang up while waiting)
+		readBytes  int    // bytes to read before hanging up (0: hang up while waiting)
+		after      string // bytes sent after the request (they once switched detection off)
 	}{
-		{"stream before first token", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"ttft","ttft_ms":30000}}`, 0},
-		{"stream while hanging", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"hang","hang":true}}`, 0},
-		{"mid-stream", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"mid","tps":5,"tokens":1000}}`, 400},
-		{"non-streaming", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"tag":"whole","ttft_ms":30000}}`, 0},
+		{"stream before first token", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"ttft","ttft_ms":30000}}`, 0, ""},
+		{"stream while hanging", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"hang","hang":true}}`, 0, ""},
+		{"mid-stream", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"mid","tps":5,"tokens":1000}}`, 400, ""},
+		{"non-streaming", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"tag":"whole","ttft_ms":30000}}`, 0, ""},
+		{"non-streaming, extra byte", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"tag":"x1","ttft_ms":30000}}`, 0, "x"},
+		{"stream before first token, extra byte", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"x2","ttft_ms":30000}}`, 0, "x"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			tag := gjson.Get(c.body, "mock.tag").Str
-			conn := rawRequest(t, e, c.body, "", nil)
+			conn := rawRequest(t, e, c.body, c.after, nil)
 			var id string
 			if c.readBytes > 0 {
 				br := bufio.NewReader(conn)
