@@ -203,11 +203,18 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	last := lastUserText(msgs)
+	tokens := CompletionTokens(last, n)
+	if echo, ok := strings.CutPrefix(last, EchoPrefix); ok {
+		if tokens = EchoTokens(echo); finish == "length" && len(tokens) > n {
+			tokens = tokens[:n]
+		}
+	}
 	g := gen{
 		id:               newID(),
 		created:          start.Unix(),
 		model:            model,
-		tokens:           CompletionTokens(lastUserText(msgs), n),
+		tokens:           tokens,
 		finish:           finish,
 		promptTokens:     prompt,
 		includeUsage:     rec.IncludeUsage,

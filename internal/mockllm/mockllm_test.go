@@ -674,3 +674,18 @@ func TestDemoOptions(t *testing.T) {
 		t.Errorf("DemoOptions = %+v", o)
 	}
 }
+
+// A message that starts with EchoPrefix comes back verbatim, every byte,
+// in pieces; max_tokens still cuts it.
+func TestEchoAnswersTheMessage(t *testing.T) {
+	text := "```go\nfmt.Println(\"<b>hi</b>\")\n```\n한국어 <script>alert(1)</script>"
+	toks := EchoTokens(text)
+	if got := strings.Join(toks, ""); got != text {
+		t.Fatalf("echo tokens join to %q", got)
+	}
+	for _, tok := range toks {
+		if n := len([]rune(tok)); n == 0 || n > 4 {
+			t.Fatalf("token %q has %d characters", tok, n)
+		}
+	}
+}

@@ -104,3 +104,21 @@ func storyFor(lastUser string) []string {
 func CompletionText(lastUser string, n int) string {
 	return strings.Join(CompletionTokens(lastUser, n), "")
 }
+
+// EchoPrefix starts a message the mock answers with the rest of that
+// message, verbatim, so that tests and demos can make "the model" write
+// what they need: Markdown, code, hostile HTML.
+const EchoPrefix = "/echo "
+
+// EchoTokens splits text into tokens of up to four characters, keeping
+// every byte, as a model streams it.
+func EchoTokens(text string) []string {
+	var toks []string
+	r := []rune(text)
+	for len(r) > 0 {
+		n := min(4, len(r))
+		toks = append(toks, string(r[:n]))
+		r = r[n:]
+	}
+	return toks
+}
