@@ -296,47 +296,11 @@ func (s *Service) Send(ctx context.Context, p Person, id, content string) (Sent,
 	if err != nil {
 		return Sent{}, err
 	}
-	g := &generation{s: s, id: gateway.NewInferenceID(), convID: conv.ID, userID: p.UserID,
-		log: NewLog(), ended: make(chan struct{})}
-	// One reply at a time per conversation: this map on this replica, the
-	// transaction below across replicas.
-	s.mu.Lock()
-	switch {
-	case s.closed:
-		s.mu.Unlock()
-		return Sent{}, ErrClosed
-	case s.running[conv.ID] != nil:
-		s.mu.Unlock()
-		return Sent{}, ErrBusy
-	}
-	s.running[conv.ID] = g
-	s.live[g.id] = g
-	extra := s.extra
-	s.mu.Unlock()
-
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleUser,
 		Content: content, Status: models.MessageDone}
-	inf := g.id
-	reply := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleAssistant,
-		Status: models.MessageStreaming, Model: conv.Model, InferenceID: &inf, Replica: s.o.Replica}
-	g.msgID = reply.ID
-	if err := models.StartExchange(ctx, s.o.DB, conv, user, reply, titleOf(content)); err != nil {
-		s.mu.Lock()
-		delete(s.running, conv.ID)
-		delete(s.live, g.id)
-		s.mu.Unlock()
-		return Sent{}, err
-	}
-	body, err := s.requestBody(ctx, conv, reply.ID, extra)
-	if err != nil {
-		// The reply exists: it must not stay streaming.
-		g.finish(models.MessageEnd{Status: models.MessageError, Reason: "The conversation could not be read."})
-		s.release(g)
-		return Sent{}, err
-	}
-	s.wg.Add(1)
-	go g.run(p.principal(), body)
-	return Sent{MessageID: reply.ID, InferenceID: g.id}, nil
+	return s.start(ctx, p, conv, func(reply *models.Message) error {
+		return models.StartExchange(ctx, s.o.DB, conv, user, reply, titleOf(content))
+	})
 }
 
 // titleOf names a conversation after its first message: the first

@@ -80,6 +80,14 @@ func (l *Log) Text(n int) string {
 	return strings.Join(l.chunks[:n], "")
 }
 
+// Snapshot returns the text so far, its number of chunks and whether the
+// log is done, all at one instant.
+func (l *Log) Snapshot() (text string, n int, done bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.chunks, ""), len(l.chunks), l.done
+}
+
 // Since returns at most max chunks after seq from, whether the log is done
 // (then final is set), and a channel closed at the next change.
 func (l *Log) Since(from, max int) (chunks []string, done bool, final Final, changed <-chan struct{}) {

@@ -1,0 +1,106 @@
+package chat
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"moonji/internal/gateway"
+	"moonji/models"
+)
+
+// ErrNothingToRegenerate means a conversation has no reply to write again.
+var ErrNothingToRegenerate = errors.New("no reply to regenerate")
+
+// Regenerate writes the last reply of conversation id again, from the same
+// messages: the page's Regenerate, and its Retry after an error. The old
+// reply is replaced (its usage row stays in the ledger).
+func (s *Service) Regenerate(ctx context.Context, p Person, id string) (Sent, error) {
+	conv, err := models.ConversationOf(ctx, s.o.DB, p.UserID, id)
+	if err != nil {
+		return Sent{}, err
+	}
+	return s.start(ctx, p, conv, func(reply *models.Message) error {
+		err := models.ReplaceLastReply(ctx, s.o.DB, conv, reply)
+		if errors.Is(err, models.ErrNoReply) {
+			return ErrNothingToRegenerate
+		}
+		return err
+	})
+}
+
+// SetModel switches the model that writes the next replies of the person's
+// conversation id.
+func (s *Service) SetModel(ctx context.Context, userID uint, id, model string) error {
+	if !slices.Contains(s.o.Gateway.Models(), model) {
+		return ErrUnknownModel
+	}
+	return models.SetConversationModel(ctx, s.o.DB, userID, id, model)
+}
+
+// Models are the models a conversation may use, in configuration order.
+func (s *Service) Models() []string { return s.o.Gateway.Models() }
+
+// start creates the reply's message with store (which stores it, and the
+// person's message for a Send, in one transaction) and starts its
+// generation.
+func (s *Service) start(ctx context.Context, p Person, conv *models.Conversation, store func(reply *models.Message) error) (Sent, error) {
+	g := &generation{s: s, id: gateway.NewInferenceID(), convID: conv.ID, userID: p.UserID,
+		log: NewLog(), ended: make(chan struct{})}
+	// One reply at a time per conversation: this map on this replica, the
+	// database's transaction (and unique index) across replicas.
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return Sent{}, ErrClosed
+	case s.running[conv.ID] != nil:
+		s.mu.Unlock()
+		return Sent{}, ErrBusy
+	}
+	s.running[conv.ID] = g
+	s.live[g.id] = g
+	extra := s.extra
+	s.mu.Unlock()
+
+	inf := g.id
+	reply := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleAssistant,
+		Status: models.MessageStreaming, Model: conv.Model, InferenceID: &inf, Replica: s.o.Replica}
+	g.msgID = reply.ID
+	if err := store(reply); err != nil {
+		s.mu.Lock()
+		delete(s.running, conv.ID)
+		delete(s.live, g.id)
+		s.mu.Unlock()
+		return Sent{}, err
+	}
+	body, err := s.requestBody(ctx, conv, reply.ID, extra)
+	if err != nil {
+		// The reply exists: it must not stay streaming.
+		g.finish(models.MessageEnd{Status: models.MessageError, Reason: "The conversation could not be read."})
+		s.release(g)
+		return Sent{}, err
+	}
+	s.wg.Add(1)
+	go g.run(p.principal(), body)
+	return Sent{MessageID: reply.ID, InferenceID: g.id}, nil
+}
+
+// Progress is what a page shows of generation inferenceID when it is
+// drawn: the text of its chunks so far and how many there are, to follow
+// over events from there. live is false when the generation is not running
+// on this replica (finished, or running on another): the page then shows
+// the saved message.
+func (s *Service) Progress(userID uint, inferenceID string) (text string, seq int, live bool) {
+	s.mu.Lock()
+	g := s.live[inferenceID]
+	s.mu.Unlock()
+	if g == nil || g.userID != userID {
+		return "", 0, false
+	}
+	text, seq, done := g.log.Snapshot()
+	if done {
+		return "", 0, false
+	}
+	return text, seq, true
+}

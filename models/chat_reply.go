@@ -1,0 +1,73 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// ErrNoReply means a conversation has no assistant reply to replace.
+var ErrNoReply = errors.New("no reply to replace")
+
+// ReplaceLastReply deletes the last message of conversation c, which must
+// be an assistant's reply that has ended, and stores reply (streaming) in
+// its place, in one transaction that fails with ErrBusy while a reply
+// streams there.
+func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *Message) error {
+	reply.Sanitize()
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var last Message
+		err := tx.Where("conversation_id = ?", c.ID).Order("id DESC").Take(&last).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return ErrNoReply
+		}
+		if err != nil {
+			return fmt.Errorf("find last reply: %w", err)
+		}
+		switch {
+		case last.Status == MessageStreaming:
+			return ErrBusy
+		case last.Role != RoleAssistant:
+			return ErrNoReply
+		}
+		res := tx.Where("id = ? AND status <> ?", last.ID, MessageStreaming).Delete(&Message{})
+		if res.Error != nil {
+			return fmt.Errorf("delete last reply: %w", res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return ErrBusy
+		}
+		if err := tx.Create(reply).Error; err != nil {
+			if replyRaced(tx, c.ID) {
+				return ErrBusy // another replica started a reply meanwhile
+			}
+			return fmt.Errorf("store reply: %w", err)
+		}
+		return tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error
+	})
+}
+
+// SetConversationModel switches the model of the person's conversation id.
+func SetConversationModel(ctx context.Context, db *gorm.DB, userID uint, id, model string) error {
+	res := db.WithContext(ctx).Model(&Conversation{}).Where("id = ? AND user_id = ?", id, userID).
+		Update("model", Storable(model, 200))
+	if res.Error != nil {
+		return fmt.Errorf("set model of conversation %s: %w", id, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// replyRaced reports whether conversation id has a streaming reply, after
+// storing one failed: the unique index on streaming replies refused it.
+func replyRaced(tx *gorm.DB, id string) bool {
+	var n int64
+	err := tx.Session(&gorm.Session{NewDB: true}).Model(&Message{}).
+		Where("conversation_id = ? AND status = ?", id, MessageStreaming).Count(&n).Error
+	return err == nil && n > 0
+}
