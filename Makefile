@@ -17,7 +17,7 @@ run:
 	$(GO) run . serve
 
 generate:
-	$(GO) tool templ generate
+	cd views && $(GO) tool templ generate -path .
 
 test: deps build test-go test-e2e
 

@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process';
+import { expect, type Page } from '@playwright/test';
 
 // createKey issues an API key with the real CLI, against the same database
 // the e2e server uses, and returns the secret it prints.
@@ -10,4 +11,25 @@ export function createKey(owner: string, name: string): string {
     throw new Error(`keys create printed ${JSON.stringify(out)}`);
   }
   return lines[0];
+}
+
+export const adminEmail = 'admin@localhost';
+export const adminPassword = 'e2e-admin-password';
+
+// signIn signs in through the embedded provider's form, from `start`
+// (which sends a signed-out visitor to the sign-in).
+export async function signIn(page: Page, start = '/') {
+  await page.goto(start);
+  const signInLink = page.getByRole('link', { name: 'Sign in' }).first();
+  if (await signInLink.isVisible()) await signInLink.click();
+  await expect(page).toHaveURL(/\/idp\/login\?/);
+  await page.getByLabel('Email').fill(adminEmail);
+  await page.getByLabel('Password').fill(adminPassword);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await expect(page.getByRole('button', { name: 'Log out' })).toBeVisible();
+}
+
+// csrf is the page's CSRF token, as htmx sends it.
+export async function csrf(page: Page): Promise<string> {
+  return page.evaluate(() => JSON.parse(document.body.getAttribute('hx-headers') || '{}')['X-CSRF-Token']);
 }

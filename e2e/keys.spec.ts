@@ -17,7 +17,7 @@ test('sign in, create a key, use it with the SDK, revoke it', async ({ page, con
   await page.getByRole('button', { name: 'Sign in' }).click();
 
   await expect(page.locator('#whoami')).toHaveText('admin@localhost');
-  await page.getByRole('navigation').getByRole('link', { name: 'Keys', exact: true }).click();
+  await page.getByRole('banner').getByRole('link', { name: 'Keys', exact: true }).click();
   await expect(page).toHaveURL(/\/keys$/);
 
   await page.getByLabel('Name').fill('e2e-sdk');

@@ -1,11 +1,21 @@
-// Moonji's own script: the copy buttons. Loaded by every page with `defer`.
-// A button with data-copy="#id" copies the value (or text) of that element.
+// Moonji's own script, loaded by every page with `defer`: copy buttons,
+// confirmations, and the chat's composer (Send that turns into Stop, keys,
+// the count of chunks shown that Stop sends as `seen`). Streaming itself is
+// htmx-ext-sse's: each reply follows its events, chunks appended in order.
+'use strict';
+
+// --- Copy -----------------------------------------------------------------
+// A button with data-copy="selector" copies the value or text of that
+// element; a code block's "Copy" button (class copy, from the Markdown
+// renderer) copies its code.
 document.addEventListener('click', async (event) => {
-  const button = event.target.closest('[data-copy]');
+  const button = event.target.closest('[data-copy], .code button.copy');
   if (!button) return;
-  const source = document.querySelector(button.dataset.copy);
+  const source = button.dataset.copy
+    ? document.querySelector(button.dataset.copy)
+    : button.closest('.code')?.querySelector('pre');
   if (!source) return;
-  const text = 'value' in source ? source.value : source.textContent;
+  const text = 'value' in source ? source.value : source.innerText;
   let copied = false;
   try {
     // A browser that asks the person for permission may never settle the
@@ -18,11 +28,219 @@ document.addEventListener('click', async (event) => {
   } catch {
     // No clipboard API (plain http on another host than localhost), or no
     // permission: select the text and try the old command; Ctrl+C still works.
-    source.select?.();
+    if (source.select) source.select();
+    else window.getSelection()?.selectAllChildren(source);
     try { copied = document.execCommand('copy'); } catch { copied = false; }
   }
   const label = button.dataset.label || button.textContent;
   button.dataset.label = label;
   button.textContent = copied ? 'Copied' : 'Press Ctrl+C';
   setTimeout(() => { button.textContent = label; }, 2000);
+});
+
+// --- Confirmations --------------------------------------------------------
+// A form with data-confirm asks before it is sent (deleting a conversation).
+document.addEventListener('submit', (event) => {
+  const form = event.target;
+  if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+    event.preventDefault();
+    event.stopImmediatePropagation();
+  }
+}, true);
+
+// --- Sidebar on a phone ---------------------------------------------------
+document.addEventListener('click', (event) => {
+  const toggle = event.target.closest('.sidebar-toggle');
+  if (!toggle) return;
+  const open = document.body.classList.toggle('sidebar-open');
+  toggle.setAttribute('aria-expanded', String(open));
+});
+
+// --- The chat -------------------------------------------------------------
+const thread = () => document.getElementById('thread');
+const sendButton = () => document.getElementById('send');
+const composerError = () => document.getElementById('composer-error');
+
+function csrfToken() {
+  try {
+    return JSON.parse(document.body.getAttribute('hx-headers') || '{}')['X-CSRF-Token'] || '';
+  } catch {
+    return '';
+  }
+}
+
+// streamingReply is the reply being written in this conversation, if any
+// (one at a time per conversation).
+function streamingReply() {
+  return thread()?.querySelector('article[data-role="assistant"][data-status="streaming"]') || null;
+}
+
+function showError(text) {
+  const el = composerError();
+  if (!el) return;
+  el.textContent = text;
+  el.hidden = !text;
+}
+
+// sync makes the page agree with its messages: Send or Stop, and
+// Regenerate on the last reply only, when nothing streams.
+function sync() {
+  const button = sendButton();
+  if (!button) return;
+  const streaming = streamingReply();
+  button.textContent = streaming ? 'Stop' : 'Send';
+  button.type = streaming ? 'button' : 'submit';
+  button.classList.toggle('stop', !!streaming);
+  button.disabled = !!streaming?.dataset.stopping;
+  const replies = thread()?.querySelectorAll('article[data-role="assistant"]') || [];
+  replies.forEach((article, i) => {
+    const regenerate = article.querySelector('.regenerate');
+    if (regenerate) regenerate.hidden = !!streaming || i !== replies.length - 1;
+  });
+}
+
+// finishReply shows a reply as ended once its done event replaced its
+// answer: its status, its buttons.
+function finishReply(article) {
+  const answer = article.querySelector('.answer');
+  const status = answer?.dataset.status || 'done';
+  article.dataset.status = status;
+  article.removeAttribute('aria-busy');
+  delete article.dataset.stopping;
+  const actions = article.querySelector('.actions');
+  if (actions) actions.hidden = false;
+  const note = article.querySelector('[data-note]');
+  if (note) note.textContent = status === 'stopped' ? 'Stopped' : status === 'error' ? 'Failed' : '';
+  const regenerate = article.querySelector('.regenerate');
+  if (regenerate) regenerate.textContent = status === 'error' ? 'Retry' : 'Regenerate';
+  sync();
+}
+
+// stop stops the streaming reply. From this moment no chunk is applied,
+// and the server is told how many were: the saved answer is exactly the
+// text on the screen. A reply followed by reloading (it runs on another
+// replica) has no count; it keeps what was written when the stop landed.
+async function stop() {
+  const article = streamingReply();
+  if (!article || article.dataset.stopping) return;
+  article.dataset.stopping = '1';
+  sync();
+  const body = { inference_id: article.dataset.inference };
+  if (article.dataset.seen !== undefined) body.seen = Number(article.dataset.seen);
+  try {
+    const resp = await fetch('/api/v1/inference/stop', {
+      method: 'POST',
+      credentials: 'same-origin',
+      headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrfToken() },
+      body: JSON.stringify(body),
+    });
+    if (!resp.ok) {
+      let message = `Stopping failed (HTTP ${resp.status}).`;
+      try { message = (await resp.json()).error?.message || message; } catch { /* not JSON */ }
+      throw new Error(message);
+    }
+  } catch (err) {
+    showError(err.message || 'Stopping failed.');
+    // Chunks held back meanwhile are not on the screen: draw the reply
+    // again from the server rather than show a gap.
+    delete article.dataset.stopping;
+    const conversation = document.getElementById('conversation')?.value;
+    if (conversation && article.id.startsWith('m-')) {
+      htmx.ajax('GET', `/c/${conversation}/m/${article.id.slice(2)}`, { target: article, swap: 'outerHTML' });
+    }
+    sync();
+  }
+}
+
+function nearBottom(el) {
+  return el.scrollHeight - el.scrollTop - el.clientHeight < 80;
+}
+
+let followBottom = true;
+
+document.addEventListener('htmx:sseBeforeMessage', (event) => {
+  const article = event.target.closest('article');
+  if (!article) return;
+  const type = event.detail.type;
+  const t = thread();
+  followBottom = t ? nearBottom(t) : false;
+  if (type === 'chunk') {
+    // After Stop nothing more is shown; a chunk already shown (a
+    // reconnection replays from the page's first seq) is not shown twice.
+    const seq = Number(event.detail.lastEventId);
+    if (article.dataset.stopping || seq <= Number(article.dataset.seen || 0)) {
+      event.preventDefault();
+    }
+  } else if (type === 'done') {
+    // htmx swaps the answer for the final HTML right after this event.
+    setTimeout(() => {
+      finishReply(article);
+      if (followBottom && t) t.scrollTop = t.scrollHeight;
+    }, 0);
+  }
+});
+
+document.addEventListener('htmx:sseMessage', (event) => {
+  if (event.detail.type !== 'chunk') return;
+  const article = event.target.closest('article');
+  if (article) article.dataset.seen = event.detail.lastEventId;
+  const t = thread();
+  if (followBottom && t) t.scrollTop = t.scrollHeight;
+});
+
+document.addEventListener('click', (event) => {
+  const button = event.target.closest('#send');
+  if (button && button.type === 'button') {
+    event.preventDefault();
+    stop();
+  }
+});
+
+document.addEventListener('keydown', (event) => {
+  if (event.key === 'Escape' && streamingReply()) {
+    event.preventDefault();
+    stop();
+    return;
+  }
+  const box = event.target;
+  if (box.id !== 'message' || event.key !== 'Enter' || event.shiftKey || event.isComposing) return;
+  // Enter sends; Shift+Enter is a new line; Enter that ends an IME
+  // composition (Korean, Japanese) only ends the composition.
+  event.preventDefault();
+  if (!streamingReply() && box.value.trim() !== '') box.form.requestSubmit();
+});
+
+// The message box grows with its text, up to a point.
+document.addEventListener('input', (event) => {
+  const box = event.target;
+  if (box.id !== 'message') return;
+  box.style.height = 'auto';
+  box.style.height = `${Math.min(box.scrollHeight, 240)}px`;
+});
+
+document.addEventListener('htmx:afterRequest', (event) => {
+  const form = event.detail.elt;
+  if (form?.id !== 'composer' || !event.detail.successful) return;
+  // A refused send is answered into the error line: keep the text then.
+  if (event.detail.xhr.getResponseHeader('HX-Retarget')) return;
+  const box = document.getElementById('message');
+  box.value = '';
+  box.style.height = '';
+  box.focus();
+  const t = thread();
+  if (t) t.scrollTop = t.scrollHeight;
+});
+
+document.addEventListener('htmx:responseError', (event) => {
+  showError(`The request failed (HTTP ${event.detail.xhr.status}). Reload the page and try again.`);
+});
+document.addEventListener('htmx:sendError', () => {
+  showError('The server could not be reached. Check the connection and try again.');
+});
+
+document.addEventListener('htmx:afterSettle', sync);
+document.addEventListener('DOMContentLoaded', () => {
+  sync();
+  const t = thread();
+  if (t) t.scrollTop = t.scrollHeight;
 });

@@ -16,6 +16,8 @@ type Page struct {
 	// CSRF is the session's CSRF token, sent by htmx in a header and by
 	// plain forms in a hidden field.
 	CSRF string
+	// Wide pages (the chat) use the whole window instead of a column.
+	Wide bool
 }
 
 // User is the signed-in person as pages show them.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/filesystem"
 
@@ -15,6 +16,7 @@ import (
 	"moonji/internal/auth"
 	"moonji/internal/clientip"
 	"moonji/internal/devidp"
+	"moonji/internal/markdown"
 	"moonji/static"
 )
 
@@ -60,6 +62,12 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		return err
 	}
 
+	mdCSS := markdown.CSS()
+	app.Get("/static/markdown.css", func(c *fiber.Ctx) error {
+		c.Set(fiber.HeaderContentType, "text/css; charset=utf-8")
+		c.Set(fiber.HeaderCacheControl, "public, max-age=300")
+		return c.SendString(mdCSS)
+	})
 	app.Use("/static", filesystem.New(filesystem.Config{Root: http.FS(static.FS), MaxAge: 300}))
 	app.Get("/", h.Home)
 	app.Get("/login", h.Login)
@@ -76,6 +84,17 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	api.Get("/v1/conversations/:id/export", h.ExportConversation)
 	api.Post("/v1/conversations/:id/messages", h.SendMessage)
 	api.Get("/v1/generations/:id/events", h.GenerationEvents)
+
+	// The chat's pages; the guard goes on each route, as a group without a
+	// prefix would put it in front of every path, /v1 included.
+	page := h.RequirePageSession
+	app.Post("/chat", page, h.ChatSend)
+	app.Get("/c/:id", page, h.ChatConversation)
+	app.Get("/c/:id/m/:mid", page, h.ChatMessage)
+	app.Post("/c/:id/regenerate", page, h.ChatRegenerate)
+	app.Post("/c/:id/rename", page, h.RenameConversationPage)
+	app.Post("/c/:id/delete", page, h.DeleteConversationPage)
+	app.Get("/history", page, h.History)
 
 	keys := app.Group("/keys", h.RequirePageSession)
 	keys.Get("", h.Keys)

@@ -1,0 +1,145 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/gofiber/fiber/v2"
+
+	"moonji/internal/chat"
+	"moonji/models"
+	"moonji/views"
+)
+
+// sidebarSize is how many conversations the chat's sidebar lists; the
+// rest are on /history.
+const sidebarSize = 30
+
+// personOf is the chat's view of a session's person.
+func personOf(sess *models.Session) chat.Person {
+	return chat.Person{UserID: sess.UserID, Email: sess.User.Email, Admin: sess.User.Admin}
+}
+
+// Home serves GET /: the new-chat page once signed in, a way to sign in
+// before.
+func (h *Handler) Home(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil && !errors.Is(err, errBlocked) {
+		return err
+	}
+	if sess == nil || h.Chat == nil {
+		return render(c, http.StatusOK, views.Home(pageFor("Home", sess)))
+	}
+	d, err := h.chatPage(c, sess, "New chat", "")
+	if err != nil {
+		return err
+	}
+	if len(d.Models) > 0 {
+		d.Model = d.Models[0]
+	}
+	return render(c, http.StatusOK, views.Chat(d))
+}
+
+// ChatConversation serves GET /c/{id}: one of the person's conversations.
+// A reply that streams on this replica continues from the chunk it had
+// reached; one on another replica shows its saved text, reloaded each
+// second.
+func (h *Handler) ChatConversation(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	conv, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, c.Params("id"))
+	if errors.Is(err, chat.ErrNotFound) {
+		return h.message(c, http.StatusNotFound, "Not found", "There is no such conversation.", "New chat", "/")
+	}
+	if err != nil {
+		return err
+	}
+	title := conv.Title
+	if title == "" {
+		title = "New chat"
+	}
+	d, err := h.chatPage(c, sess, title, conv.ID)
+	if err != nil {
+		return err
+	}
+	d.Model = conv.Model
+	for _, m := range msgs {
+		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
+	}
+	return render(c, http.StatusOK, views.Chat(d))
+}
+
+// ChatMessage serves GET /c/{id}/m/{mid}: one message, for a page that
+// follows a reply running on another replica.
+func (h *Handler) ChatMessage(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	_, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, c.Params("id"))
+	if err != nil && !errors.Is(err, chat.ErrNotFound) {
+		return err
+	}
+	for _, m := range msgs {
+		if m.ID == c.Params("mid") {
+			return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, m)))
+		}
+	}
+	// Gone (deleted meanwhile) or someone else's. htmx swaps only 2xx
+	// answers, so polling just stops showing news.
+	return c.SendStatus(http.StatusNotFound)
+}
+
+// chatPage fills what every chat page has: the layout and the sidebar.
+func (h *Handler) chatPage(c *fiber.Ctx, sess *models.Session, title, current string) (views.ChatPage, error) {
+	sb, err := h.sidebar(c, sess, current)
+	if err != nil {
+		return views.ChatPage{}, err
+	}
+	p := pageFor(title, sess)
+	p.Wide = true
+	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: h.Chat.Models()}, nil
+}
+
+// sidebar lists the person's latest conversations.
+func (h *Handler) sidebar(c *fiber.Ctx, sess *models.Session, current string) (views.Sidebar, error) {
+	page, err := h.Chat.List(c.UserContext(), sess.UserID, "", "")
+	if err != nil {
+		return views.Sidebar{}, err
+	}
+	sb := views.Sidebar{Current: current, More: page.NextCursor != "" || len(page.Conversations) > sidebarSize}
+	for i, conv := range page.Conversations {
+		if i == sidebarSize {
+			break
+		}
+		sb.Conversations = append(sb.Conversations, linkOf(&conv))
+	}
+	return sb, nil
+}
+
+func linkOf(c *models.Conversation) views.ConversationLink {
+	return views.ConversationLink{ID: c.ID, Title: c.Title, Model: c.Model, Updated: c.UpdatedAt}
+}
+
+// messageView is a stored message as the page shows it; a reply streaming
+// on this replica shows the text of its live log, to follow from there.
+func (h *Handler) messageView(userID uint, m models.Message) views.ChatMessage {
+	v := views.ChatMessage{ID: m.ID, ConversationID: m.ConversationID, Role: m.Role, Status: m.Status,
+		Model: m.Model, Text: m.Content}
+	if m.InferenceID != nil {
+		v.InferenceID = *m.InferenceID
+	}
+	if m.Role != models.RoleAssistant {
+		return v
+	}
+	if m.Status == models.MessageStreaming {
+		if text, seq, live := h.Chat.Progress(userID, v.InferenceID); live {
+			v.Text, v.Seq, v.Live = text, seq, true
+		}
+		return v
+	}
+	v.HTML = h.Chat.RenderFinal(chat.Final{Status: m.Status, Content: m.Content, Reason: m.Reason})
+	return v
+}

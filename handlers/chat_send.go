@@ -1,0 +1,143 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/gofiber/fiber/v2"
+
+	"moonji/internal/chat"
+	"moonji/models"
+	"moonji/views"
+)
+
+// ChatSend serves POST /chat (the composer): the person's message to the
+// conversation in the form's "conversation" field, or to a new one with
+// the form's model when it is empty. htmx gets the two new messages to
+// append, the sidebar (out of band) and, for a new conversation, its URL
+// to push; a plain form goes to the conversation's page.
+func (h *Handler) ChatSend(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	p := personOf(sess)
+	ctx := c.UserContext()
+	id, model, content := c.FormValue("conversation"), c.FormValue("model"), c.FormValue("content")
+	created := false
+	if id == "" {
+		conv, err := h.Chat.Create(ctx, p, model)
+		if err != nil {
+			return h.composerError(c, err)
+		}
+		id, created = conv.ID, true
+	} else if err := h.switchModel(c, sess, id, model); err != nil {
+		return h.composerError(c, err)
+	}
+	if _, err := h.Chat.Send(ctx, p, id, content); err != nil {
+		return h.composerError(c, err)
+	}
+	if !isHTMX(c) {
+		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
+	}
+	if created {
+		c.Set("HX-Push-Url", views.ConversationURL(id))
+	}
+	return h.renderExchange(c, sess, id, created)
+}
+
+// ChatRegenerate serves POST /c/{id}/regenerate: the last reply written
+// again (Regenerate, and Retry after an error). htmx gets the new reply,
+// which replaces the old one.
+func (h *Handler) ChatRegenerate(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	id := c.Params("id")
+	if err := h.switchModel(c, sess, id, c.FormValue("model")); err != nil {
+		return h.composerError(c, err)
+	}
+	sent, err := h.Chat.Regenerate(c.UserContext(), personOf(sess), id)
+	if err != nil {
+		return h.composerError(c, err)
+	}
+	if !isHTMX(c) {
+		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
+	}
+	_, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if m.ID == sent.MessageID {
+			return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, m)))
+		}
+	}
+	return h.composerError(c, chat.ErrNotFound) // deleted meanwhile
+}
+
+// switchModel makes model (the picker's choice, when sent) the one that
+// writes the next replies of conversation id.
+func (h *Handler) switchModel(c *fiber.Ctx, sess *models.Session, id, model string) error {
+	if model == "" {
+		return nil
+	}
+	conv, _, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
+	if err != nil || conv.Model == model {
+		return err
+	}
+	return h.Chat.SetModel(c.UserContext(), sess.UserID, id, model)
+}
+
+// renderExchange answers a send: the conversation's last two messages (the
+// person's and the reply), and out of band the sidebar and, for a new
+// conversation, its id in the composer and its title.
+func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, created bool) error {
+	conv, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
+	if err != nil {
+		return err
+	}
+	sb, err := h.sidebar(c, sess, id)
+	if err != nil {
+		return err
+	}
+	d := views.ExchangeData{Sidebar: sb, Conversation: id, Title: conv.Title, Created: created, First: len(msgs) <= 2}
+	for _, m := range msgs[max(0, len(msgs)-2):] {
+		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
+	}
+	return render(c, http.StatusOK, views.Exchange(d))
+}
+
+// composerError shows why a send failed above the composer (htmx swaps
+// only 2xx answers, so it is a 200 retargeted there), or as a page to a
+// plain form.
+func (h *Handler) composerError(c *fiber.Ctx, err error) error {
+	status, msg := http.StatusBadRequest, ""
+	switch {
+	case errors.Is(err, chat.ErrNotFound):
+		status, msg = http.StatusNotFound, "This conversation no longer exists."
+	case errors.Is(err, chat.ErrUnknownModel):
+		msg = "Choose one of the listed models."
+	case errors.Is(err, chat.ErrTooLarge):
+		status, msg = http.StatusRequestEntityTooLarge, "The message is longer than "+strconv.Itoa(chat.MaxContentBytes>>10)+" KiB."
+	case errors.Is(err, chat.ErrEmpty):
+		msg = "Write a message first."
+	case errors.Is(err, chat.ErrBusy):
+		status, msg = http.StatusConflict, "An answer is still being written here: wait for it, or stop it."
+	case errors.Is(err, chat.ErrNothingToRegenerate):
+		status, msg = http.StatusConflict, "There is no answer to write again."
+	case errors.Is(err, chat.ErrClosed):
+		status, msg = http.StatusServiceUnavailable, "The server is restarting; try again in a moment."
+	default:
+		h.Log.Error("chat send failed", "path", c.Path(), "err", err)
+		status, msg = http.StatusInternalServerError, "Sending failed. Try again."
+	}
+	if !isHTMX(c) {
+		return h.message(c, status, "Not sent", msg, "Back", "/")
+	}
+	c.Set("HX-Retarget", "#composer-error")
+	c.Set("HX-Reswap", "outerHTML")
+	return render(c, http.StatusOK, views.ComposerError(msg))
+}

@@ -1,0 +1,154 @@
+package views
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// ChatPage is the chat: the new-chat page (/) when Conversation is empty,
+// or one conversation (/c/{id}).
+type ChatPage struct {
+	Page
+	Sidebar Sidebar
+	// Conversation is the open conversation's id; empty on a new chat.
+	Conversation string
+	// Model is the model the next reply is written by.
+	Model    string
+	Models   []string
+	Messages []ChatMessage
+}
+
+// Sidebar lists the person's latest conversations.
+type Sidebar struct {
+	Conversations []ConversationLink
+	// Current is the open conversation's id, marked in the list.
+	Current string
+	// More is set when older conversations exist (they are on /history).
+	More bool
+}
+
+// ConversationLink is one conversation in a list.
+type ConversationLink struct {
+	ID      string
+	Title   string
+	Model   string
+	Updated time.Time
+}
+
+// ChatMessage is one message of a conversation as the page shows it.
+type ChatMessage struct {
+	ID             string
+	ConversationID string
+	Role           string // user or assistant
+	Status         string // streaming, done, stopped or error
+	InferenceID    string
+	Model          string
+	// Text is a person's message, or the text so far of a streaming reply;
+	// shown escaped.
+	Text string
+	// HTML is a finished reply rendered from Markdown and sanitized (the
+	// same HTML as the events' done), trusted as is.
+	HTML string
+	// Seq is the number of chunks Text holds when Live.
+	Seq int
+	// Live means the reply streams on this replica: the page follows its
+	// events from Seq. A streaming reply that is not live runs on another
+	// replica: the page reloads its saved text every second.
+	Live bool
+}
+
+// HistoryPage is /history: the person's conversations, searched.
+type HistoryPage struct {
+	Page
+	Query         string
+	Conversations []ConversationLink
+	// Next continues the list (the link to older conversations), if any.
+	Next  string
+	Error string
+	// Notice tells what the last action did (renamed, deleted).
+	Notice string
+}
+
+// Title of a conversation as lists show it.
+func titleOf(title string) string {
+	if title == "" {
+		return "New chat"
+	}
+	return title
+}
+
+// ConversationURL is the page of conversation id.
+func ConversationURL(id string) string { return "/c/" + url.PathEscape(id) }
+
+func messageURL(m ChatMessage) string {
+	return fmt.Sprintf("/c/%s/m/%s", url.PathEscape(m.ConversationID), url.PathEscape(m.ID))
+}
+
+func eventsURL(m ChatMessage) string {
+	return fmt.Sprintf("/api/v1/generations/%s/events?last_event_id=%d", url.PathEscape(m.InferenceID), m.Seq)
+}
+
+func exportURL(id, format string) string {
+	return "/api/v1/conversations/" + url.PathEscape(id) + "/export?format=" + format
+}
+
+func historyURL(q, cursor string) string {
+	v := url.Values{}
+	if q != "" {
+		v.Set("q", q)
+	}
+	if cursor != "" {
+		v.Set("cursor", cursor)
+	}
+	if len(v) == 0 {
+		return "/history"
+	}
+	return "/history?" + v.Encode()
+}
+
+// ago says how long ago t was, briefly.
+func ago(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return "just now"
+	case d < time.Hour:
+		return fmt.Sprintf("%d min ago", int(d/time.Minute))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%d h ago", int(d/time.Hour))
+	case d < 7*24*time.Hour:
+		return fmt.Sprintf("%d days ago", int(d/(24*time.Hour)))
+	default:
+		return t.UTC().Format("2006-01-02")
+	}
+}
+
+func isoTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func itoa(n int) string { return fmt.Sprint(n) }
+
+// statusNote says how a reply ended, when not simply done.
+func statusNote(status string) string {
+	switch status {
+	case "stopped":
+		return "Stopped"
+	case "error":
+		return "Failed"
+	default:
+		return ""
+	}
+}
+
+// ExchangeData is the answer to a send: the new messages, and what changes
+// elsewhere on the page.
+type ExchangeData struct {
+	Messages     []ChatMessage
+	Sidebar      Sidebar
+	Conversation string
+	Title        string
+	// Created: the conversation is new, the composer learns its id.
+	Created bool
+	// First: these are the conversation's first messages.
+	First bool
+}
