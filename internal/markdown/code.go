@@ -45,7 +45,7 @@ var formatter = chromahtml.New(chromahtml.WithClasses(true), chromahtml.PreventS
 //
 //	<div class="code"><div class="code-head"><span class="code-lang">go</span>
 //	<button type="button" class="copy" aria-label="Copy code">Copy</button></div>
-//	<pre class="chroma"><code class="language-go">…</code></pre></div>
+//	<pre class="chroma" tabindex="0"><code class="language-go">…</code></pre></div>
 //
 // The page's script wires the button; nothing here runs anything.
 type codeRenderer struct {
@@ -76,7 +76,7 @@ func (r *codeRenderer) render(w util.BufWriter, source []byte, node ast.Node, en
 	}
 	_, _ = w.WriteString(`<div class="code"><div class="code-head"><span class="code-lang">`)
 	_, _ = w.WriteString(label) // cleanLang leaves nothing to escape
-	_, _ = w.WriteString(`</span><button type="button" class="copy" aria-label="Copy code">Copy</button></div><pre class="chroma"><code`)
+	_, _ = w.WriteString(`</span><button type="button" class="copy" aria-label="Copy code">Copy</button></div><pre class="chroma" tabindex="0"><code`)
 	if lang != "" {
 		_, _ = w.WriteString(` class="language-` + lang + `"`)
 	}

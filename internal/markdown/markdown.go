@@ -115,7 +115,7 @@ func (r *Renderer) Render(src string) string {
 
 // plain is src as escaped text in a <pre>: safe without a sanitizer.
 func plain(src string) string {
-	return `<pre class="plain">` + html.EscapeString(strings.ToValidUTF8(src, "\uFFFD")) + "</pre>"
+	return `<pre class="plain" tabindex="0">` + html.EscapeString(strings.ToValidUTF8(src, "\uFFFD")) + "</pre>"
 }
 
 // rawHTMLAsText shows HTML written in an answer as the text it is ("use a

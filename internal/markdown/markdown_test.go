@@ -129,7 +129,7 @@ func TestCodeBlock(t *testing.T) {
 	for _, want := range []string{
 		`<div class="code"><div class="code-head"><span class="code-lang">go</span>`,
 		`<button type="button" class="copy" aria-label="Copy code">Copy</button>`,
-		`<pre class="chroma"><code class="language-go">`,
+		`<pre class="chroma" tabindex="0"><code class="language-go">`,
 		`<span class="kn">package</span>`, `<span class="kd">func</span>`, `<span class="nf">main</span>`,
 	} {
 		if !strings.Contains(out, want) {
@@ -193,7 +193,7 @@ func TestMaxInput(t *testing.T) {
 	}
 	over := at + "x"
 	out := Render(over)
-	if !strings.HasPrefix(out, `<pre class="plain">`) || strings.Contains(out, "<h1>") || strings.Contains(out, "<b>") ||
+	if !strings.HasPrefix(out, `<pre class="plain" tabindex="0">`) || strings.Contains(out, "<h1>") || strings.Contains(out, "<b>") ||
 		!strings.Contains(out, "# a &lt;b&gt;") {
 		t.Errorf("input over MaxInput not plain text: %.200s", out)
 	}
@@ -241,14 +241,14 @@ func TestDeepNesting(t *testing.T) {
 	refused, accepted := deepCases()
 	for name, src := range refused {
 		t.Run(name, func(t *testing.T) {
-			if out := Render(src); !strings.HasPrefix(out, `<pre class="plain">`) {
+			if out := Render(src); !strings.HasPrefix(out, `<pre class="plain" tabindex="0">`) {
 				t.Errorf("rendered as Markdown: %.100s", out)
 			}
 		})
 	}
 	for name, src := range accepted {
 		t.Run(name, func(t *testing.T) {
-			if out := Render(src); out == "" || strings.HasPrefix(out, `<pre class="plain">`) {
+			if out := Render(src); out == "" || strings.HasPrefix(out, `<pre class="plain" tabindex="0">`) {
 				t.Errorf("not rendered as Markdown: %.100s", out)
 			}
 		})

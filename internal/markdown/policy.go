@@ -33,6 +33,8 @@ func newPolicy() *bluemonday.Policy {
 	p.AllowAttrs("class").Matching(regexp.MustCompile(`^copy$`)).OnElements("button")
 	p.AllowAttrs("aria-label").Matching(regexp.MustCompile(`^Copy code$`)).OnElements("button")
 	p.AllowAttrs("class").Matching(regexp.MustCompile(`^(chroma|plain)$`)).OnElements("pre")
+	// A code block scrolls sideways: keyboards must reach it.
+	p.AllowAttrs("tabindex").Matching(regexp.MustCompile(`^0$`)).OnElements("pre")
 	p.AllowAttrs("class").Matching(regexp.MustCompile(`^language-[a-z0-9+#._-]{1,32}$`)).OnElements("code")
 	p.AllowAttrs("class").Matching(spanClasses()).OnElements("span")
 
