@@ -1,6 +1,6 @@
 import { test, expect, type Page } from '@playwright/test';
 import { baseURL } from '../playwright.config';
-import { csrf, signIn } from './helpers';
+import { csrf, signIn, usageRow } from './helpers';
 
 // The browser chat against the built-in demo engine: moonji-demo streams
 // fast, moonji-slow at 12 tokens/s one request at a time with no queue,
@@ -156,6 +156,8 @@ test('a full queue and a down engine show in the thread with Retry, and leave us
   await expect(reply).toHaveAttribute('data-status', 'error');
   await expect(reply.locator('.error')).toContainText(/queue|busy|capacity/i);
   await expect(reply.getByRole('button', { name: 'Retry' })).toBeVisible();
+  const refused = await reply.getAttribute('data-inference');
+  await expect.poll(() => usageRow(refused!)).toMatchObject({ source: 'web', outcome: 'rejected', reason: 'queue_full', status: 503 });
 
   await other.getByRole('button', { name: 'Stop' }).click();
   await expect(lastReply(other)).toHaveAttribute('data-status', 'stopped');
@@ -170,6 +172,8 @@ test('a full queue and a down engine show in the thread with Retry, and leave us
   await expect(lastReply(page)).toHaveAttribute('data-status', 'error');
   await expect(lastReply(page).locator('.error')).toContainText(/reach|unavailable|connect/i);
   await expect(lastReply(page).getByRole('button', { name: 'Retry' })).toBeVisible();
+  const failed = await lastReply(page).getAttribute('data-inference');
+  await expect.poll(() => usageRow(failed!)).toMatchObject({ source: 'web', outcome: 'error', model: 'moonji-down' });
 });
 
 test('history: search titles and text, rename, export, delete with confirmation', async ({ page }) => {

@@ -33,3 +33,11 @@ export async function signIn(page: Page, start = '/') {
 export async function csrf(page: Page): Promise<string> {
   return page.evaluate(() => JSON.parse(document.body.getAttribute('hx-headers') || '{}')['X-CSRF-Token']);
 }
+
+// usageRow is the ledger's row of one request, read with the real CLI from
+// the e2e server's database.
+export function usageRow(inferenceID: string): Record<string, any> | undefined {
+  const out = execFileSync('bin/moonji', ['usage', 'export', '--config', 'e2e/moonji.e2e.yaml', '--format', 'jsonl'],
+    { encoding: 'utf8', maxBuffer: 64 << 20 });
+  return out.split('\n').filter(Boolean).map((l) => JSON.parse(l)).find((r) => r.inference_id === inferenceID);
+}
