@@ -130,6 +130,16 @@ func (h *Handler) RequirePageSession(c *fiber.Ctx) error {
 		if c.Method() == fiber.MethodGet {
 			next = c.OriginalURL()
 		}
+		if isHTMX(c) {
+			// htmx would follow a redirect and swap the sign-in page into a
+			// fragment's place: have the browser go there instead, and come
+			// back to the page the request came from.
+			if u, err := url.Parse(c.Get("HX-Current-URL")); err == nil && u.Path != "" {
+				next = u.RequestURI()
+			}
+			c.Set("HX-Redirect", "/login?next="+url.QueryEscape(next))
+			return c.SendStatus(http.StatusUnauthorized)
+		}
 		return c.Redirect("/login?next="+url.QueryEscape(next), http.StatusSeeOther)
 	}
 	if !h.csrfOK(c, sess, true) {

@@ -305,3 +305,32 @@ func TestChatHistoryPage(t *testing.T) {
 		t.Errorf("deleted conversation: %d", got.status)
 	}
 }
+
+// Signed out (a session that expired), htmx is told where to send the
+// browser rather than given the sign-in page to swap into a fragment.
+func TestChatPagesSignedOut(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db")
+	anon := &chatter{e: e, c: &http.Client{}}
+	req, _ := http.NewRequest(http.MethodGet, e.URL+"/c/c_x/m/m_y", nil)
+	req.Header.Set("HX-Request", "true")
+	req.Header.Set("HX-Current-URL", e.URL+"/c/c_x?a=1")
+	got := anon.fetch(req)
+	if got.status != http.StatusUnauthorized || got.header.Get("HX-Redirect") != "/login?next="+url.QueryEscape("/c/c_x?a=1") {
+		t.Errorf("htmx signed out: %d %v", got.status, got.header)
+	}
+	// A hostile HX-Current-URL leads nowhere else: only its path is kept
+	// (and the sign-in keeps only same-origin paths in next).
+	req, _ = http.NewRequest(http.MethodPost, e.URL+"/chat", nil)
+	req.Header.Set("HX-Request", "true")
+	req.Header.Set("HX-Current-URL", "https://evil.example//evil.example/x")
+	got = anon.fetch(req)
+	if got.status != http.StatusUnauthorized || got.header.Get("HX-Redirect") != "/login?next="+url.QueryEscape("//evil.example/x") {
+		t.Errorf("hostile current URL: %d %v", got.status, got.header)
+	}
+	if got := anon.page("/login?next=" + url.QueryEscape("//evil.example/x")); strings.Contains(got.header.Get("Location"), "evil.example") {
+		t.Errorf("sign-in would go to %q", got.header.Get("Location"))
+	}
+	if got := anon.page("/c/c_x"); got.status != http.StatusSeeOther || !strings.HasPrefix(got.header.Get("Location"), "/login?next=") {
+		t.Errorf("page signed out: %d %v", got.status, got.header)
+	}
+}
