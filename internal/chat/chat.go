@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"gorm.io/gorm"
 
 	"moonji/internal/gateway"
@@ -82,6 +83,7 @@ type Service struct {
 	live       map[string]*generation // by inference id: running and recently finished
 	running    map[string]*generation // by conversation id
 	forgetters map[string]*time.Timer
+	rendered   *lru.Cache[[32]byte, string]
 	closed     bool
 	quit       chan struct{}
 	wg         sync.WaitGroup
@@ -102,7 +104,8 @@ func New(o Options) *Service {
 		o.Keep = time.Minute
 	}
 	return &Service{o: o, log: o.Log, extra: o.ExtraBody, live: map[string]*generation{},
-		running: map[string]*generation{}, forgetters: map[string]*time.Timer{}, quit: make(chan struct{})}
+		running: map[string]*generation{}, forgetters: map[string]*time.Timer{}, rendered: newRenderCache(),
+		quit: make(chan struct{})}
 }
 
 // SetExtraBody replaces Options.ExtraBody for the generations started
@@ -344,6 +347,20 @@ func (s *Service) release(g *generation) {
 // shows: the rendered answer in an element whose data-status is the
 // message's status, with the reason of an error.
 func (s *Service) RenderFinal(f Final) string {
+	if len(f.Content) > maxCachedRender {
+		return s.renderFinal(f)
+	}
+	key := renderKey(f)
+	if out, ok := s.rendered.Get(key); ok {
+		return out
+	}
+	out := s.renderFinal(f)
+	s.rendered.Add(key, out)
+	return out
+}
+
+// renderFinal is RenderFinal without the cache.
+func (s *Service) renderFinal(f Final) string {
 	var b strings.Builder
 	b.WriteString(`<div class="answer" data-status="`)
 	b.WriteString(html.EscapeString(f.Status))

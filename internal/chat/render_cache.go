@@ -1,0 +1,41 @@
+package chat
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// Rendering a finished answer as Markdown costs milliseconds (BENCHMARKS
+// §8), and a conversation's page draws every answer in it on every load:
+// the rendered HTML of recent answers is kept, by the hash of what it was
+// rendered from. Answers longer than maxCachedRender are rendered each time,
+// so the cache holds at most renderCacheSize × that (32 MiB) however long
+// the answers.
+const (
+	renderCacheSize = 512
+	maxCachedRender = 64 << 10
+)
+
+func newRenderCache() *lru.Cache[[32]byte, string] {
+	c, err := lru.New[[32]byte, string](renderCacheSize)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
+	}
+	return c
+}
+
+// renderKey identifies a final state by everything the HTML shows.
+func renderKey(f Final) [32]byte {
+	h := sha256.New()
+	for _, part := range []string{f.Status, f.Reason, f.Content} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	var k [32]byte
+	h.Sum(k[:0])
+	return k
+}
