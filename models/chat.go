@@ -156,21 +156,27 @@ type ConversationCursor struct {
 
 // ListConversations returns up to limit of the person's conversations,
 // last used first, after cursor (nil: from the start). query, when not
-// empty, keeps those whose title contains it, ignoring case.
+// empty, keeps those whose title or one of whose messages holds each of
+// its words as the start of a word, ignoring case (see search.go); a
+// query without any word (only punctuation) keeps none.
 func ListConversations(ctx context.Context, db *gorm.DB, userID uint, query string, after *ConversationCursor, limit int) ([]Conversation, error) {
-	q := db.WithContext(ctx).Where("user_id = ?", userID)
-	if query != "" {
-		// A plain substring match on titles for now; full-text search over
-		// messages comes later. LIKE's wildcards in the query are literal.
-		esc := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(strings.ToLower(query))
-		q = q.Where(`LOWER(title) LIKE ? ESCAPE '\'`, "%"+esc+"%")
-	}
-	if after != nil {
-		t := after.UpdatedAt.UTC()
-		q = q.Where("updated_at < ? OR (updated_at = ? AND id < ?)", t, t, after.ID)
+	// base is the person's conversations after the cursor, in order.
+	base := func() *gorm.DB {
+		q := db.WithContext(ctx).Model(&Conversation{}).Where("conversations.user_id = ?", userID)
+		if after != nil {
+			t := after.UpdatedAt.UTC()
+			q = q.Where("conversations.updated_at < ? OR (conversations.updated_at = ? AND conversations.id < ?)", t, t, after.ID)
+		}
+		return q.Order("conversations.updated_at DESC, conversations.id DESC")
 	}
 	var out []Conversation
-	if err := q.Order("updated_at DESC, id DESC").Limit(limit).Find(&out).Error; err != nil {
+	var err error
+	if strings.TrimSpace(query) == "" {
+		err = base().Limit(limit).Find(&out).Error
+	} else {
+		out, err = searchConversations(ctx, db, base, query, limit)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("list conversations: %w", err)
 	}
 	return out, nil
@@ -190,9 +196,12 @@ func RenameConversation(ctx context.Context, db *gorm.DB, userID uint, id, title
 }
 
 // DeleteConversation deletes the person's conversation id and its messages.
+// It starts with a plain write that also checks the owner, for SQLite's
+// write lock (see StartExchange).
 func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string) error {
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Where("id = ? AND user_id = ?", id, userID).Delete(&Conversation{})
+		res := tx.Model(&Conversation{}).Where("id = ? AND user_id = ?", id, userID).
+			Update("updated_at", gorm.Expr("updated_at"))
 		if res.Error != nil {
 			return fmt.Errorf("delete conversation %s: %w", id, res.Error)
 		}
@@ -201,6 +210,9 @@ func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string
 		}
 		if err := tx.Where("conversation_id = ?", id).Delete(&Message{}).Error; err != nil {
 			return fmt.Errorf("delete messages of conversation %s: %w", id, err)
+		}
+		if err := tx.Where("id = ?", id).Delete(&Conversation{}).Error; err != nil {
+			return fmt.Errorf("delete conversation %s: %w", id, err)
 		}
 		return nil
 	})
@@ -222,10 +234,24 @@ var ErrBusy = errors.New("a reply is still being generated in this conversation"
 // reply in conversation c, in one transaction that fails with ErrBusy when
 // another reply is still streaming there (on any replica). The first
 // message names an untitled conversation (title).
+//
+// The transaction starts by touching the conversation, a plain write:
+// SQLite then takes its write lock first, waiting for it as long as
+// busy_timeout (a transaction that reads before it writes, or whose first
+// write reads the FTS index — the messages' trigger — fails with "database
+// is locked" at once when another connection writes); PostgreSQL locks the
+// conversation's row, so exchanges in one conversation take turns and the
+// count of streaming messages below sees the one before. The partial
+// unique index idx_messages_one_streaming (one streaming message per
+// conversation) backs that count against any other writer; its refusal is
+// ErrBusy too.
 func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string) error {
 	user.Sanitize()
 	reply.Sanitize()
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error; err != nil {
+			return fmt.Errorf("touch conversation: %w", err)
+		}
 		var n int64
 		if err := tx.Model(&Message{}).Where("conversation_id = ? AND status = ?", c.ID, MessageStreaming).
 			Count(&n).Error; err != nil {
@@ -238,14 +264,15 @@ func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, repl
 			return fmt.Errorf("store message: %w", err)
 		}
 		if err := tx.Create(reply).Error; err != nil {
+			if isOneStreamingViolation(err) {
+				return ErrBusy
+			}
 			return fmt.Errorf("store reply: %w", err)
 		}
-		set := map[string]any{"updated_at": time.Now().UTC()}
 		if c.Title == "" && title != "" {
-			set["title"] = Storable(title, 200)
-		}
-		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Updates(set).Error; err != nil {
-			return fmt.Errorf("touch conversation: %w", err)
+			if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("title", Storable(title, 200)).Error; err != nil {
+				return fmt.Errorf("name conversation: %w", err)
+			}
 		}
 		return nil
 	})

@@ -19,6 +19,11 @@ var ErrNoReply = errors.New("no reply to replace")
 func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *Message) error {
 	reply.Sanitize()
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Touch the conversation first: a plain write takes SQLite's write
+		// lock before the search index's triggers read anything.
+		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error; err != nil {
+			return fmt.Errorf("touch conversation: %w", err)
+		}
 		var last Message
 		err := tx.Where("conversation_id = ?", c.ID).Order("id DESC").Take(&last).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -41,12 +46,12 @@ func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *
 			return ErrBusy
 		}
 		if err := tx.Create(reply).Error; err != nil {
-			if replyRaced(tx, c.ID) {
+			if isOneStreamingViolation(err) {
 				return ErrBusy // another replica started a reply meanwhile
 			}
 			return fmt.Errorf("store reply: %w", err)
 		}
-		return tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error
+		return nil
 	})
 }
 
@@ -61,13 +66,4 @@ func SetConversationModel(ctx context.Context, db *gorm.DB, userID uint, id, mod
 		return ErrNotFound
 	}
 	return nil
-}
-
-// replyRaced reports whether conversation id has a streaming reply, after
-// storing one failed: the unique index on streaming replies refused it.
-func replyRaced(tx *gorm.DB, id string) bool {
-	var n int64
-	err := tx.Session(&gorm.Session{NewDB: true}).Model(&Message{}).
-		Where("conversation_id = ? AND status = ?", id, MessageStreaming).Count(&n).Error
-	return err == nil && n > 0
 }

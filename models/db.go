@@ -48,7 +48,12 @@ func Open(dbURL string) (*gorm.DB, error) {
 		// every second on its own connection (ledger.checkpointEvery), so
 		// that no request waits behind a checkpoint inside a commit; SQLite's
 		// own, at 10000 pages (~40 MB) instead of 1000, is the safety net.
-		dsn += sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)"
+		// _txlock=immediate: a transaction takes the write lock at BEGIN.
+		// A deferred one that reads first (the search index's triggers do)
+		// and then writes fails at once with "database is locked" when
+		// another connection writes: busy_timeout cannot help a lock
+		// upgrade. Every transaction here writes.
+		dsn += sep + "_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)"
 		db, err = gorm.Open(sqlite.Open(dsn), gcfg)
 	case "postgres":
 		db, err = gorm.Open(postgres.Open(dsn), gcfg)
@@ -97,12 +102,13 @@ func setPool(db *gorm.DB, driver string) error {
 	return nil
 }
 
-// Migrate creates or updates every table.
+// Migrate creates or updates every table, then the indexes AutoMigrate
+// cannot make (search.go).
 func Migrate(db *gorm.DB) error {
 	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
-	return nil
+	return migrateSearch(db)
 }
 
 // Close closes the database's connection pool.

@@ -452,12 +452,17 @@ func TestChatLeftoversClosedAtStart(t *testing.T) {
 	}
 	now := time.Now().UTC()
 	_ = models.Heartbeat(context.Background(), db, "sibling", now)
-	conv := &models.Conversation{ID: models.NewConversationID(), UserID: 1, Model: "m1"}
-	_ = models.CreateConversation(context.Background(), db, conv)
 	for _, r := range []string{"me", "sibling"} {
+		// One conversation each: a conversation has one streaming reply at most.
+		conv := &models.Conversation{ID: models.NewConversationID(), UserID: 1, Model: "m1"}
+		if err := models.CreateConversation(context.Background(), db, conv); err != nil {
+			t.Fatal(err)
+		}
 		id := "inf_" + r
-		db.Create(&models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: "assistant",
-			Status: models.MessageStreaming, InferenceID: &id, Replica: r, Content: "partial"})
+		if err := db.Create(&models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: "assistant",
+			Status: models.MessageStreaming, InferenceID: &id, Replica: r, Content: "partial"}).Error; err != nil {
+			t.Fatal(err)
+		}
 	}
 	models.Close(db)
 	e := startEnv(t, dbURL, func(c *config.Config) { c.ReplicaID = "me" })

@@ -147,10 +147,16 @@ type Page struct {
 }
 
 // List returns the person's conversations last used first, PageSize at a
-// time from cursor ("" for the first page); query matches titles.
+// time from cursor ("" for the first page, and the same cursors page
+// through search results). A query keeps the conversations whose title or
+// one of whose messages holds each of its words as a word start, in any
+// case (full-text search: models.ListConversations); a query of only
+// punctuation keeps none. It is at most MaxTitleChars characters
+// (ErrQueryTooLong): a search is a few words, and the bound keeps its cost
+// bounded.
 func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (Page, error) {
 	if utf8.RuneCountInString(query) > MaxTitleChars {
-		return Page{}, ErrQueryTooLong // it searches titles: no match can be longer
+		return Page{}, ErrQueryTooLong
 	}
 	after, err := parseCursor(cursor)
 	if err != nil {
