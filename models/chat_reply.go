@@ -67,3 +67,14 @@ func SetConversationModel(ctx context.Context, db *gorm.DB, userID uint, id, mod
 	}
 	return nil
 }
+
+// StreamingMessagesOf returns the streaming messages that replica runs.
+func StreamingMessagesOf(ctx context.Context, db *gorm.DB, replica string) ([]Message, error) {
+	var out []Message
+	err := db.WithContext(ctx).Select("id", "inference_id", "content").
+		Where("status = ? AND replica = ?", MessageStreaming, replica).Find(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list streaming messages of %s: %w", replica, err)
+	}
+	return out, nil
+}

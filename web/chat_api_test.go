@@ -714,3 +714,54 @@ func TestChatEventStreamOutlivesTheWriteTimeout(t *testing.T) {
 		t.Errorf("%d events, want 12 chunks and done", n)
 	}
 }
+
+// A busy database does not pause a reply: partial saves run beside the
+// reading, so viewers keep getting chunks while every write waits, and
+// the reply is saved whole once the database is free again.
+func TestChatReplyGoesOnWhileTheDatabaseIsBusy(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db")
+	p := e.chatter("wes@example.com")
+	e.mockBody(map[string]any{"tokens": 150, "tps": 30})
+	conv := p.newConversation()
+	s := p.send(conv, "keep going")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, resp := p.follow(ctx, s.InferenceID, "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("events: %d", resp.StatusCode)
+	}
+	for first := false; !first; {
+		ev := <-ch
+		first = ev.Event == "chunk"
+	}
+	// Take SQLite's write lock (transactions begin IMMEDIATE) for 3 s.
+	tx := e.DB.Begin()
+	if tx.Error != nil {
+		t.Fatal(tx.Error)
+	}
+	if err := tx.Exec("UPDATE replicas SET seen_at = seen_at").Error; err != nil {
+		t.Fatal(err)
+	}
+	locked := time.After(3 * time.Second)
+	got := 0
+	for waiting := true; waiting; {
+		select {
+		case ev := <-ch:
+			if ev.Event == "chunk" {
+				got++
+			}
+		case <-locked:
+			waiting = false
+		}
+	}
+	tx.Rollback()
+	// 30 tokens/s for 3 s: about 90 chunks; a reply that waited for its
+	// save would have delivered only those of the second before that save.
+	if got < 60 {
+		t.Errorf("%d chunks while the database was busy", got)
+	}
+	drain(ch)
+	if r := p.reply(conv); r.Status != models.MessageDone || r.Content != mockllm.CompletionText("keep going", 150) {
+		t.Errorf("saved %s %q", r.Status, r.Content)
+	}
+}

@@ -102,6 +102,11 @@ func (s *Server) replicaLoop() {
 		}
 		if i%3 == 0 {
 			s.closeOrphans(ctx, "") // this replica is alive: its rows stay
+			if n, err := s.Chat.Reconcile(ctx); err != nil {
+				s.log.Warn("finish chat replies whose final save failed", "err", err)
+			} else if n > 0 {
+				s.log.Warn("finished chat replies whose final save had failed", "messages", n)
+			}
 		}
 		cancel()
 	}

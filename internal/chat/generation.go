@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -44,7 +45,10 @@ type generation struct {
 	overflow  bool
 	engineErr string
 	lastSave  time.Time
-	savedLen  int
+	// savedChunks is how many chunks the last partial save took; saving
+	// is set while one is in flight.
+	savedChunks int
+	saving      atomic.Bool
 }
 
 // run sends the request through the gateway and reads its answer.
@@ -142,21 +146,30 @@ func (g *generation) frame(payload []byte) {
 	}
 }
 
-// saveProgress stores the text so far; a failure is logged, not fatal (the
-// final save will try again).
+// saveProgress stores the text so far, off the reading goroutine: a save
+// that waits for a busy database must not pause the reply for its viewers
+// (BENCHMARKS §10). One save is in flight at a time; a tick that finds one
+// running skips, and the next tick saves the newer text. A failure is
+// logged, not fatal: the final save writes everything. A save that lands
+// after the final one changes nothing (it updates only a streaming row).
 func (g *generation) saveProgress() {
 	g.lastSave = time.Now()
-	text := g.log.Text(-1)
-	if len(text) == g.savedLen {
+	n := g.log.Len()
+	if n == g.savedChunks || !g.saving.CompareAndSwap(false, true) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := models.SaveMessageContent(ctx, g.s.o.DB, g.msgID, text); err != nil {
-		g.s.log.Warn("save partial answer", "inference_id", g.id, "err", err)
-		return
-	}
-	g.savedLen = len(text)
+	g.savedChunks = n
+	text := g.log.Text(n)
+	g.s.wg.Add(1)
+	go func() {
+		defer g.s.wg.Done()
+		defer g.saving.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := models.SaveMessageContent(ctx, g.s.o.DB, g.msgID, text); err != nil {
+			g.s.log.Warn("save partial answer", "inference_id", g.id, "err", err)
+		}
+	}()
 }
 
 // onEnd is the gateway's OnEnd: the request is over. A stop's end is saved
@@ -224,11 +237,34 @@ func (g *generation) finish(e models.MessageEnd) {
 		return
 	}
 	g.finished = true
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := models.FinishMessage(ctx, g.s.o.DB, g.msgID, e); err != nil {
-		g.s.log.Error("save chat answer", "inference_id", g.id, "err", err)
-	}
+	g.saveFinal(e)
 	g.log.Finish(Final{Status: e.Status, Content: models.StorableText(e.Content), Reason: e.Reason})
 	close(g.ended)
+}
+
+// finalSaveTries bound the final save's attempts (5 s each, with pauses of
+// 0.5, 1, 2, 4 s between): a database too busy for one attempt must not
+// leave the reply streaming in it, which would also refuse the next message
+// of the conversation until a restart.
+const finalSaveTries = 5
+
+// saveFinal stores how the reply ended, trying again while the database
+// fails.
+func (g *generation) saveFinal(e models.MessageEnd) {
+	pause := 500 * time.Millisecond
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := models.FinishMessage(ctx, g.s.o.DB, g.msgID, e)
+		cancel()
+		if err == nil {
+			return
+		}
+		if try == finalSaveTries {
+			g.s.log.Error("save chat answer: giving up", "inference_id", g.id, "tries", try, "err", err)
+			return
+		}
+		g.s.log.Warn("save chat answer, trying again", "inference_id", g.id, "try", try, "err", err)
+		time.Sleep(pause)
+		pause *= 2
+	}
 }

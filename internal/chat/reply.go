@@ -104,3 +104,35 @@ func (s *Service) Progress(userID uint, inferenceID string) (text string, seq in
 	}
 	return text, seq, true
 }
+
+// Reconcile finishes this replica's streaming messages that no running
+// generation writes: a final save that failed every try (the database was
+// down), so that the reply does not stay streaming — and its conversation
+// refuse new messages — until a restart. It returns how many it finished.
+func (s *Service) Reconcile(ctx context.Context) (int, error) {
+	msgs, err := models.StreamingMessagesOf(ctx, s.o.DB, s.o.Replica)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range msgs {
+		end := models.MessageEnd{Status: models.MessageError, Content: m.Content, Reason: "The answer was interrupted."}
+		if m.InferenceID != nil {
+			s.mu.Lock()
+			g := s.live[*m.InferenceID]
+			s.mu.Unlock()
+			if g != nil {
+				_, done, final, _ := g.log.Since(g.log.Len(), 0)
+				if !done {
+					continue // still being written
+				}
+				end = models.MessageEnd{Status: final.Status, Content: final.Content, Reason: final.Reason}
+			}
+		}
+		if err := models.FinishMessage(ctx, s.o.DB, m.ID, end); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
