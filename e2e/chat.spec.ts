@@ -36,6 +36,8 @@ test('a reply streams in steps; Stop freezes it at exactly the text shown, after
   await expect(mine).toHaveText(/Tell me a story about a lighthouse/);
   await expect(lastReply(page)).toHaveAttribute('data-status', 'streaming');
   await expect(page.getByRole('button', { name: 'Stop' })).toBeVisible();
+  await expect.poll(() => answerText(page)).not.toBe('');
+  await page.screenshot({ path: 'test-results/screenshots/chat-streaming.png' });
   // The sidebar has the new conversation, named after the first message.
   await expect(page.getByRole('navigation', { name: 'Conversations' }).getByRole('link', { name: 'Tell me a story about a lighthouse' }))
     .toHaveAttribute('aria-current', 'page');
@@ -69,6 +71,7 @@ test('a reply streams in steps; Stop freezes it at exactly the text shown, after
   await expect(lastReply(page)).toHaveAttribute('data-status', 'stopped');
   expect((await answerText(page)).trim()).toBe(shown);
   await expect(lastReply(page).getByText('Stopped')).toBeVisible();
+  await page.screenshot({ path: 'test-results/screenshots/chat-stopped.png' });
 });
 
 test('closing the page mid-answer loses nothing: reopened, the reply goes on and ends whole', async ({ page, context }) => {

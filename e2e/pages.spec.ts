@@ -35,6 +35,10 @@ async function look(page: Page, name: string, url: string) {
 test('every page: screenshots, accessibility, phone width', async ({ page }) => {
   test.setTimeout(90_000);
   await look(page, 'home-signed-out', '/');
+  // The embedded provider's sign-in form (reached through /login).
+  await page.goto('/login');
+  await expect(page).toHaveURL(/\/idp\/login\?/);
+  await look(page, 'sign-in', page.url().replace(/^https?:\/\/[^/]+/, ''));
 
   await signIn(page);
   const headers = { 'X-CSRF-Token': await csrf(page) };
