@@ -84,10 +84,6 @@ func (h *Handler) switchModel(c *fiber.Ctx, sess *models.Session, id, model stri
 	if model == "" {
 		return nil
 	}
-	conv, _, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
-	if err != nil || conv.Model == model {
-		return err
-	}
 	return h.Chat.SetModel(c.UserContext(), sess.UserID, id, model)
 }
 

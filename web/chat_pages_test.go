@@ -131,6 +131,10 @@ func TestChatPageSendRefusals(t *testing.T) {
 			t.Errorf("%s: unescaped script in %s", c.name, got.body)
 		}
 	}
+	// A body past the pages' 64 KiB is refused before any form is parsed.
+	if got := p.form("/chat", url.Values{"conversation": {conv}, "content": {strings.Repeat("y", 1<<20)}}, true); got.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("1 MB form: %d", got.status)
+	}
 	// No CSRF token: refused.
 	noCSRF := &chatter{e: e, c: p.c}
 	if got := noCSRF.form("/chat", url.Values{"conversation": {conv}, "content": {"x"}}, true); got.status != http.StatusForbidden {
