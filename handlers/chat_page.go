@@ -78,14 +78,12 @@ func (h *Handler) ChatMessage(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	_, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, c.Params("id"))
-	if err != nil && !errors.Is(err, chat.ErrNotFound) {
-		return err
+	m, err := h.Chat.Message(c.UserContext(), sess.UserID, c.Params("id"), c.Params("mid"))
+	if err == nil {
+		return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, *m)))
 	}
-	for _, m := range msgs {
-		if m.ID == c.Params("mid") {
-			return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, m)))
-		}
+	if !errors.Is(err, chat.ErrNotFound) {
+		return err
 	}
 	// Gone (deleted meanwhile) or someone else's. htmx swaps only 2xx
 	// answers, so polling just stops showing news.

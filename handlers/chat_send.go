@@ -66,16 +66,11 @@ func (h *Handler) ChatRegenerate(c *fiber.Ctx) error {
 	if !isHTMX(c) {
 		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
 	}
-	_, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
+	m, err := h.Chat.Message(c.UserContext(), sess.UserID, id, sent.MessageID)
 	if err != nil {
-		return err
+		return h.composerError(c, err) // deleted meanwhile
 	}
-	for _, m := range msgs {
-		if m.ID == sent.MessageID {
-			return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, m)))
-		}
-	}
-	return h.composerError(c, chat.ErrNotFound) // deleted meanwhile
+	return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, *m)))
 }
 
 // switchModel makes model (the picker's choice, when sent) the one that
@@ -91,7 +86,7 @@ func (h *Handler) switchModel(c *fiber.Ctx, sess *models.Session, id, model stri
 // person's and the reply), and out of band the sidebar and, for a new
 // conversation, its id in the composer and its title.
 func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, created bool) error {
-	conv, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, id)
+	conv, msgs, err := h.Chat.Last(c.UserContext(), sess.UserID, id, 3)
 	if err != nil {
 		return err
 	}
@@ -99,6 +94,7 @@ func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, 
 	if err != nil {
 		return err
 	}
+	// Three read, two shown: a third tells whether these are the first.
 	d := views.ExchangeData{Sidebar: sb, Conversation: id, Title: conv.Title, Created: created, First: len(msgs) <= 2}
 	for _, m := range msgs[max(0, len(msgs)-2):] {
 		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))

@@ -94,9 +94,16 @@ func TestChatPageSend(t *testing.T) {
 	if c := p.conversation(conv); len(c.Messages) != 4 || c.Messages[2].Content != "and back" {
 		t.Fatalf("conversation %+v", c)
 	}
-	// The page shows all four, finished replies rendered.
+	// A later send's answer holds only its two messages, and no longer
+	// removes the empty-thread hint.
+	got = p.form("/chat", url.Values{"conversation": {conv}, "content": {"third"}}, true)
+	if n := strings.Count(got.body, "<article"); n != 2 || strings.Contains(got.body, "thread-empty") || got.header.Get("HX-Push-Url") != "" {
+		t.Errorf("third send: %d articles, push %q\n%s", n, got.header.Get("HX-Push-Url"), got.body)
+	}
+	p.reply(conv)
+	// The page shows all six, finished replies rendered.
 	pg := p.page("/c/" + conv)
-	if pg.status != http.StatusOK || strings.Count(pg.body, "<article") != 4 || strings.Contains(pg.body, "sse-connect") {
+	if pg.status != http.StatusOK || strings.Count(pg.body, "<article") != 6 || strings.Contains(pg.body, "sse-connect") {
 		t.Fatalf("page: %d, %d articles\n%s", pg.status, strings.Count(pg.body, "<article"), pg.body)
 	}
 }

@@ -136,3 +136,26 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// Last returns the person's conversation id with its last n messages: what
+// a page needs after a send, without reading a long conversation whole.
+func (s *Service) Last(ctx context.Context, userID uint, id string, n int) (*models.Conversation, []models.Message, error) {
+	c, err := models.ConversationOf(ctx, s.o.DB, userID, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	msgs, err := models.LastMessages(ctx, s.o.DB, id, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, msgs, nil
+}
+
+// Message returns message msgID of the person's conversation id (a page
+// polling a reply that runs on another replica asks every second).
+func (s *Service) Message(ctx context.Context, userID uint, id, msgID string) (*models.Message, error) {
+	if _, err := models.ConversationOf(ctx, s.o.DB, userID, id); err != nil {
+		return nil, err
+	}
+	return models.MessageIn(ctx, s.o.DB, id, msgID)
+}
