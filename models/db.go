@@ -105,8 +105,12 @@ func setPool(db *gorm.DB, driver string) error {
 // Migrate creates or updates every table, then the indexes AutoMigrate
 // cannot make (search.go).
 func Migrate(db *gorm.DB) error {
-	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{}); err != nil {
+	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{},
+		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
+	}
+	if err := backfillRollup(db); err != nil {
+		return err
 	}
 	return migrateSearch(db)
 }

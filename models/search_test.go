@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"net/url"
+	"moonji/internal/testdb"
 	"os"
 	"slices"
 	"strings"
@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
 
@@ -63,30 +62,7 @@ func openTestDB(t testing.TB, dbURL string) *gorm.DB {
 // a URL whose search_path points at it.
 func freshPostgresSchema(t testing.TB, dsn string) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "moonji_test_" + hex.EncodeToString(b[:])
-	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{})
-	if err != nil {
-		t.Fatalf("connect to PostgreSQL (MOONJI_TEST_POSTGRES_DSN): %v", err)
-	}
-	if err := admin.Exec("CREATE SCHEMA " + schema).Error; err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-		if sqlDB, err := admin.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("parse MOONJI_TEST_POSTGRES_DSN: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testdb.PostgresSchema(t, dsn)
 }
 
 // seedConversation stores a conversation of userID last used at updated,

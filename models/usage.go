@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 )
 
 // Outcomes of a request in the usage ledger.
@@ -33,8 +34,10 @@ const (
 
 // Usage is one row of the ledger: exactly one per inference request.
 type Usage struct {
-	InferenceID      string    `gorm:"primaryKey;size:40"`
-	CreatedAt        time.Time `gorm:"index"`
+	InferenceID string `gorm:"primaryKey;size:40"`
+	// Outcome and CreatedAt are indexed together for the dashboards'
+	// "recent rejections" and "recent errors" (newest rows of an outcome).
+	CreatedAt        time.Time `gorm:"index;index:idx_usage_outcome_created,priority:2"`
 	FinishedAt       *time.Time
 	UserID           *uint  `gorm:"index"`
 	User             string `gorm:"size:320"`
@@ -42,7 +45,7 @@ type Usage struct {
 	Source           string `gorm:"size:8"`
 	Model            string `gorm:"size:200"`
 	Backend          string `gorm:"size:200"`
-	Outcome          string `gorm:"size:16;index"`
+	Outcome          string `gorm:"size:16;index:idx_usage_outcome_created,priority:1"`
 	Status           int
 	Reason           string `gorm:"size:200"`
 	PromptTokens     int
@@ -154,25 +157,83 @@ func UsageByID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
 // its previous life is running. Afterwards it passes "", so that its own
 // running requests count as live.
 func CloseUnfinishedUsage(ctx context.Context, db *gorm.DB, restarted string, staleBefore time.Time) (int64, error) {
-	now := time.Now().UTC()
-	live := db.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), restarted)
-	res := db.WithContext(ctx).Model(&Usage{}).Where("outcome = ?", OutcomePending).
-		Where("replica NOT IN (?)", live).
-		Updates(map[string]any{"outcome": OutcomeError, "reason": "gateway_restart", "finished_at": now, "status": 0})
-	if res.Error != nil {
-		return 0, fmt.Errorf("close unfinished usage rows: %w", res.Error)
+	var closed int64
+	for {
+		n, err := closeUnfinished(ctx, db, restarted, staleBefore)
+		closed += n
+		if err != nil {
+			return closed, err
+		}
+		if n < closeChunk {
+			break
+		}
 	}
 	if err := db.WithContext(ctx).Where("seen_at < ?", staleBefore.UTC()).Delete(&Replica{}).Error; err != nil {
-		return res.RowsAffected, fmt.Errorf("forget stale replicas: %w", err)
+		return closed, fmt.Errorf("forget stale replicas: %w", err)
 	}
-	return res.RowsAffected, nil
+	return closed, nil
+}
+
+// closeChunk bounds the rows one transaction of CloseUnfinishedUsage closes.
+const closeChunk = 500
+
+// closeUnfinished closes up to closeChunk orphaned rows and adds them to the
+// rollup, in one transaction: a row is counted exactly when it turns final.
+func closeUnfinished(ctx context.Context, db *gorm.DB, restarted string, staleBefore time.Time) (int64, error) {
+	var closed int64
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		now := time.Now().UTC()
+		live := tx.Model(&Replica{}).Select("id").Where("seen_at >= ? AND id <> ?", staleBefore.UTC(), restarted)
+		q := tx.Where("outcome = ?", OutcomePending).Where("replica NOT IN (?)", live).Limit(closeChunk)
+		if tx.Dialector.Name() == "postgres" {
+			// Two replicas closing the same orphans: the second waits,
+			// then finds them no longer pending.
+			q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+		}
+		var rows []Usage
+		if err := q.Find(&rows).Error; err != nil {
+			return fmt.Errorf("find unfinished usage rows: %w", err)
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		ids := make([]string, len(rows))
+		r := NewRollup()
+		for i := range rows {
+			ids[i] = rows[i].InferenceID
+			rows[i].Outcome, rows[i].Reason, rows[i].FinishedAt, rows[i].Status = OutcomeError, "gateway_restart", &now, 0
+			r.Add(&rows[i])
+		}
+		res := tx.Model(&Usage{}).Where("inference_id IN ? AND outcome = ?", ids, OutcomePending).
+			Updates(map[string]any{"outcome": OutcomeError, "reason": "gateway_restart", "finished_at": now, "status": 0})
+		if res.Error != nil {
+			return fmt.Errorf("close unfinished usage rows: %w", res.Error)
+		}
+		if res.RowsAffected != int64(len(rows)) {
+			// Only possible if something finished them meanwhile, which
+			// the transaction (and FOR UPDATE) rules out; refuse rather
+			// than count rows twice.
+			return fmt.Errorf("close unfinished usage rows: %d of %d changed", res.RowsAffected, len(rows))
+		}
+		closed = res.RowsAffected
+		return r.Apply(tx)
+	})
+	return closed, err
 }
 
 // EachUsage calls fn for every row created at or after since, oldest first,
 // streaming rows from the database so a large export stays small in memory.
 func EachUsage(ctx context.Context, db *gorm.DB, since time.Time, fn func(*Usage) error) error {
-	rows, err := db.WithContext(ctx).Model(&Usage{}).Where("created_at >= ?", since.UTC()).
-		Order("created_at, inference_id").Rows()
+	return EachUsageOf(ctx, db, since, 0, fn)
+}
+
+// EachUsageOf is EachUsage for one person's rows (userID 0: everyone's).
+func EachUsageOf(ctx context.Context, db *gorm.DB, since time.Time, userID uint, fn func(*Usage) error) error {
+	q := db.WithContext(ctx).Model(&Usage{}).Where("created_at >= ?", since.UTC())
+	if userID != 0 {
+		q = q.Where("user_id = ?", userID)
+	}
+	rows, err := q.Order("created_at, inference_id").Rows()
 	if err != nil {
 		return fmt.Errorf("read usage: %w", err)
 	}

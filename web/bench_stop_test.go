@@ -2,14 +2,12 @@ package web_test
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"moonji/internal/testdb"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -19,8 +17,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	dto "github.com/prometheus/client_model/go"
-	"gorm.io/driver/postgres"
-	"gorm.io/gorm"
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
@@ -275,28 +271,5 @@ func startStopPair(b *testing.B) (string, *testEnv, *testEnv) {
 // search_path points at it (freshPostgresSchema for a benchmark).
 func benchPostgresSchema(tb testing.TB, dsn string) string {
 	tb.Helper()
-	var r [6]byte
-	_, _ = rand.Read(r[:])
-	schema := "moonji_bench_" + hex.EncodeToString(r[:])
-	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{})
-	if err != nil {
-		tb.Fatalf("connect to PostgreSQL: %v", err)
-	}
-	if err := admin.Exec("CREATE SCHEMA " + schema).Error; err != nil {
-		tb.Fatalf("create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-		if sqlDB, err := admin.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testdb.PostgresSchema(tb, dsn)
 }

@@ -2,20 +2,17 @@ package web_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"log/slog"
+	"moonji/internal/testdb"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 
 	"moonji/internal/apikey"
@@ -58,30 +55,7 @@ func databases(t *testing.T) map[string]func(t *testing.T) string {
 // URL whose search_path points at it.
 func freshPostgresSchema(t *testing.T, dsn string) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "moonji_test_" + hex.EncodeToString(b[:])
-	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{})
-	if err != nil {
-		t.Fatalf("connect to PostgreSQL (MOONJI_TEST_POSTGRES_DSN): %v", err)
-	}
-	if err := admin.Exec("CREATE SCHEMA " + schema).Error; err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-		if sqlDB, err := admin.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("parse MOONJI_TEST_POSTGRES_DSN: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testdb.PostgresSchema(t, dsn)
 }
 
 // eachDatabase runs fn once per database.

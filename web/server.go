@@ -108,6 +108,11 @@ func (s *Server) replicaLoop() {
 				s.log.Warn("finished chat replies whose final save had failed", "messages", n)
 			}
 		}
+		if i%360 == 0 { // hourly: the hourly rollup rows nobody reads any more
+			if err := models.PruneRollup(ctx, s.DB, time.Now().Add(-models.KeepHours)); err != nil {
+				s.log.Warn("prune the hourly usage rollup", "err", err)
+			}
+		}
 		cancel()
 	}
 }
@@ -185,8 +190,12 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	for _, m := range cfg.Models {
 		routes = append(routes, &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Backend: backends[m.Backend]})
 	}
+	var backendList []*gateway.Backend
+	for _, b := range cfg.Backends {
+		backendList = append(backendList, backends[b.Name])
+	}
 	s.Gateway = gateway.New(gateway.Options{
-		Routes: routes, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
+		Routes: routes, Backends: backendList, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
 		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Log: log,
 	})
@@ -276,7 +285,7 @@ func (s *Server) startStops(ctx context.Context) error {
 func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend, error) {
 	out := map[string]*gateway.Backend{}
 	for _, b := range cfg.Backends {
-		gb := &gateway.Backend{Name: b.Name, Timeout: b.Timeout,
+		gb := &gateway.Backend{Name: b.Name, Kind: b.Kind, Timeout: b.Timeout,
 			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
 		name := b.Name
 		gb.Gate = admission.NewGate(b.Name, admission.Options{

@@ -260,16 +260,59 @@ var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
 	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend"}
 
+// upsertFinal finishes rows that are still pending, never a final one: a
+// row another replica closed as gateway_restart (it found this replica's
+// heartbeat stale) keeps that outcome, as the rollup counted it.
 var upsertFinal = clause.OnConflict{
 	Columns:   []clause.Column{{Name: "inference_id"}},
 	DoUpdates: clause.AssignmentColumns(finalColumns),
+	Where:     clause.Where{Exprs: []clause.Expression{clause.Eq{Column: clause.Column{Table: "usages", Name: "outcome"}, Value: models.OutcomePending}}},
 }
+
+// errNotPending fails a batch in which a Finish found its row already
+// final: another replica closed it as gateway_restart, having found this
+// one's heartbeat stale while it still served. The row keeps that outcome.
+// The batch is then written row by row, where each Finish is an UPDATE
+// whose count of changed rows says whether the rollup counts it, so that a
+// request is never counted twice.
+var errNotPending = errors.New("a finished row was no longer pending")
 
 // rows of one batch, by the statement that writes them.
 type plan struct {
 	inserts []models.Usage // new rows
 	upserts []models.Usage // Finishes of rows this writer has begun
 	updates []models.Usage // other Finishes: UPDATE only
+	// noRollup leaves the rollup out: the last try for a row whose commit
+	// failed with it, as the ledger's row matters more than the
+	// dashboards' sums (models.RebuildRollup recomputes them).
+	noRollup bool
+}
+
+// final reports whether the plan makes any row final, so that the rollup
+// must be added to in the same transaction.
+func (p *plan) final() bool {
+	if p.noRollup {
+		return false
+	}
+	if len(p.upserts) > 0 || len(p.updates) > 0 {
+		return true
+	}
+	for i := range p.inserts {
+		if p.inserts[i].Outcome != models.OutcomePending {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyID is the inference id of a plan's one row.
+func (p *plan) onlyID() string {
+	for _, rows := range [][]models.Usage{p.inserts, p.upserts, p.updates} {
+		if len(rows) > 0 {
+			return rows[0].InferenceID
+		}
+	}
+	return ""
 }
 
 func (p *plan) rows() int { return len(p.inserts) + len(p.upserts) + len(p.updates) }
@@ -324,21 +367,21 @@ func (l *Ledger) write(batch []op) {
 	}
 	err := l.commit(&p)
 	var failed map[string]error // per row, when the batch had to be split
-	if err != nil && p.rows() > 1 {
+	if err != nil && (p.rows() > 1 || errors.Is(err, errNotPending)) {
 		failed = map[string]error{}
 		// One bad row must not cost the others theirs: write them one by
 		// one, so that only the row that fails is lost (and logged).
 		l.log.Warn("usage batch failed; writing rows one by one", "rows", p.rows(), "err", err)
 		err = nil
 		for i := range p.inserts {
-			if e := l.commit(&plan{inserts: p.inserts[i : i+1]}); e != nil {
+			if e := l.commitAlone(&plan{inserts: p.inserts[i : i+1]}); e != nil {
 				l.log.Error("usage row lost", "inference_id", p.inserts[i].InferenceID, "err", e)
 				failed[p.inserts[i].InferenceID] = e
 			}
 		}
 		// Finishes one by one as plain UPDATEs: never a new row.
 		for _, u := range append(p.upserts, p.updates...) {
-			if e := l.commit(&plan{updates: []models.Usage{u}}); e != nil {
+			if e := l.commitAlone(&plan{updates: []models.Usage{u}}); e != nil {
 				l.log.Error("usage row not finished", "inference_id", u.InferenceID, "err", e)
 				failed[u.InferenceID] = e
 			}
@@ -378,36 +421,77 @@ func (l *Ledger) write(batch []op) {
 }
 
 // commit writes a plan: in one transaction, or without one when it is a
-// single statement (which is atomic by itself).
+// single statement (which is atomic by itself): a batch of pending rows
+// only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
-	if p.statements() <= 1 {
+	if p.statements() <= 1 && !p.final() {
 		return l.exec(l.db, p)
 	}
 	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
 }
 
+// commitAlone commits the plan of one row that failed in its batch; if it
+// fails again with the rollup, the row is written without it (and the
+// rollup falls behind the ledger by that row, which is logged).
+func (l *Ledger) commitAlone(p *plan) error {
+	err := l.commit(p)
+	if err == nil || !p.final() {
+		return err
+	}
+	p.noRollup = true
+	if l.commit(p) != nil {
+		return err
+	}
+	l.log.Error("usage row written without its rollup; run `moonji usage rollup` to rebuild the dashboards' sums",
+		"inference_id", p.onlyID(), "err", err)
+	return nil
+}
+
 func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
+	var r *models.Rollup
+	if p.final() {
+		r = models.NewRollup()
+	}
 	if err := inChunks(p.inserts, func(rows []models.Usage) error {
 		return tx.Create(&rows).Error
 	}); err != nil {
 		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
 	}
 	if err := inChunks(p.upserts, func(rows []models.Usage) error {
-		return tx.Clauses(upsertFinal).Create(&rows).Error
+		res := tx.Clauses(upsertFinal).Create(&rows)
+		if res.Error == nil && res.RowsAffected != int64(len(rows)) {
+			return errNotPending
+		}
+		return res.Error
 	}); err != nil {
 		return fmt.Errorf("finish %d usage rows: %w", len(p.upserts), err)
 	}
 	for i := range p.updates {
 		u := &p.updates[i]
-		err := tx.Model(&models.Usage{}).Where("inference_id = ?", u.InferenceID).
+		res := tx.Model(&models.Usage{}).Where("inference_id = ? AND outcome = ?", u.InferenceID, models.OutcomePending).
 			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
 				"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend").
-			Updates(u).Error
-		if err != nil {
-			return fmt.Errorf("finish usage row %s: %w", u.InferenceID, err)
+			Updates(u)
+		if res.Error != nil {
+			return fmt.Errorf("finish usage row %s: %w", u.InferenceID, res.Error)
+		}
+		if r != nil && res.RowsAffected == 1 {
+			r.Add(u)
 		}
 	}
-	return nil
+	if r == nil {
+		return nil
+	}
+	// Inserted final rows (rejections, and requests begun and finished in
+	// one batch) and finished pending rows: pending inserts add nothing.
+	for i := range p.inserts {
+		r.Add(&p.inserts[i])
+	}
+	// Every upsert changed its row (errNotPending otherwise).
+	for i := range p.upserts {
+		r.Add(&p.upserts[i])
+	}
+	return r.Apply(tx)
 }
 
 // inChunks calls fn on rows cut into chunkSizes pieces, largest first.
