@@ -56,6 +56,7 @@ test('every page: screenshots, accessibility, phone width', async ({ page }) => 
   await look(page, 'history', '/history');
   await look(page, 'keys', '/keys');
   await look(page, 'admin-keys', '/admin/keys');
+  await look(page, 'admin-people', '/admin/people');
 });
 
 test('the phone layout opens and closes the conversation list', async ({ page }) => {

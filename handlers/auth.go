@@ -65,6 +65,10 @@ func (h *Handler) loginFailed(c *fiber.Ctx, err error) error {
 		h.Log.Warn("sign-in refused by the provider", "err", err, "remote", h.clientIP(c))
 		return h.message(c, http.StatusForbidden, "Sign-in refused",
 			"The sign-in provider did not sign you in.", "Try again", "/login")
+	case errors.Is(err, auth.ErrDisabled):
+		// auth has logged who; the person learns why, not how to get around it.
+		return h.message(c, http.StatusForbidden, "Account disabled",
+			"An admin has disabled your Moonji account. Ask an admin to enable it again.", "Home", "/")
 	case errors.Is(err, auth.ErrNoEmail), errors.Is(err, auth.ErrEmailConflict), errors.Is(err, auth.ErrEmailTaken):
 		h.Log.Warn("sign-in cannot become a user", "err", err, "remote", h.clientIP(c))
 		return h.message(c, http.StatusForbidden, "Cannot sign you in", err.Error()+".", "Home", "/")

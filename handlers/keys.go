@@ -21,7 +21,7 @@ func (h *Handler) Keys(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	d, err := h.keysPage(c, sess, false)
+	d, err := h.keysPage(c, sess)
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func (h *Handler) CreateKey(c *fiber.Ctx) error {
 			return err
 		}
 	}
-	d, err := h.keysPage(c, sess, false)
+	d, err := h.keysPage(c, sess)
 	if err != nil {
 		return err
 	}
@@ -118,17 +118,17 @@ func (h *Handler) RevokeKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	return h.revoke(c, sess, sess.UserID, "/keys", false)
+	return h.revoke(c, sess, sess.UserID, "/keys", false, "")
 }
 
 // revoke revokes key :id (of owner, or anyone's when owner is 0) and answers
 // htmx with the updated row, a plain form with a redirect to back.
-func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back string, all bool) error {
-	id, err := strconv.ParseUint(c.Params("id"), 10, 64)
-	if err != nil || id == 0 {
+func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back string, all bool, filter string) error {
+	id, ok := pathID(c)
+	if !ok {
 		return fiber.ErrNotFound
 	}
-	err = models.RevokeAPIKey(c.UserContext(), h.DB, uint(id), owner)
+	err := models.RevokeAPIKey(c.UserContext(), h.DB, id, owner)
 	if errors.Is(err, models.ErrNotFound) {
 		return fiber.ErrNotFound
 	}
@@ -137,29 +137,40 @@ func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back st
 	}
 	// Authenticated keys are cached for a few seconds; this process stops
 	// accepting the key now (other replicas and the CLI: within the TTL).
-	h.APIKeys.Forget(uint(id))
+	h.APIKeys.Forget(id)
 	h.Log.Info("api key revoked", "key", id, "by", sess.UserID, "admin", all)
 	if !isHTMX(c) {
 		return c.Redirect(back, http.StatusSeeOther)
 	}
-	k, err := models.APIKeyByID(c.UserContext(), h.DB, uint(id))
+	k, err := models.APIKeyByID(c.UserContext(), h.DB, id)
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.KeyRow(all, sess.CSRFToken, viewKey(k, time.Now())))
+	return render(c, http.StatusOK, views.KeyRow(all, sess.CSRFToken, filter, viewKey(k, time.Now())))
 }
 
-// keysPage loads the list: the session's own keys, or everyone's when all.
-func (h *Handler) keysPage(c *fiber.Ctx, sess *models.Session, all bool) (views.KeysPage, error) {
-	owner, title := sess.UserID, "API keys"
-	if all {
-		owner, title = 0, "All API keys"
+// pathID reads the :id of a row's path: digits only, 1 to MaxInt64 (a
+// database integer; a larger one is refused by PostgreSQL's driver), else
+// ok is false and the answer is 404.
+func pathID(c *fiber.Ctx) (id uint, ok bool) {
+	s := c.Params("id")
+	if s == "" || len(s) > 19 || strings.Trim(s, "0123456789") != "" {
+		return 0, false
 	}
-	keys, err := models.ListAPIKeys(c.UserContext(), h.DB, owner)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return uint(n), true
+}
+
+// keysPage loads a person's own keys.
+func (h *Handler) keysPage(c *fiber.Ctx, sess *models.Session) (views.KeysPage, error) {
+	keys, err := models.ListAPIKeys(c.UserContext(), h.DB, sess.UserID)
 	if err != nil {
 		return views.KeysPage{}, err
 	}
-	d := views.KeysPage{Page: pageFor(title, sess), All: all}
+	d := views.KeysPage{Page: pageFor("API keys", sess)}
 	now := time.Now()
 	for i := range keys {
 		d.Keys = append(d.Keys, viewKey(&keys[i], now))
@@ -169,7 +180,8 @@ func (h *Handler) keysPage(c *fiber.Ctx, sess *models.Session, all bool) (views.
 
 func viewKey(k *models.APIKey, now time.Time) views.Key {
 	return views.Key{ID: k.ID, Name: k.Name, Prefix: k.Prefix, Owner: k.User.Email, RPM: k.RPM,
-		Status: k.Status(now), Created: k.CreatedAt, LastUsed: k.LastUsedAt, Expires: k.ExpiresAt}
+		Status: k.Status(now), Created: k.CreatedAt, LastUsed: k.LastUsedAt, Expires: k.ExpiresAt,
+		OwnerDisabled: k.User.Disabled()}
 }
 
 // readKeyForm reads and checks the create form, with maxRPM the highest

@@ -130,6 +130,8 @@ func (h *Handler) keyPrincipal(c *fiber.Ctx, secret string) (gateway.Principal, 
 		ae = unauthorized("This API key has been revoked.")
 	case errors.Is(err, apikey.ErrExpired):
 		ae = unauthorized("This API key has expired.")
+	case errors.Is(err, apikey.ErrOwnerDisabled):
+		ae = unauthorized("The owner of this API key has been disabled by an admin.")
 	case errors.Is(err, apikey.ErrMalformed), errors.Is(err, apikey.ErrUnknown):
 		ae = unauthorized("Incorrect API key provided.")
 	default:

@@ -92,6 +92,23 @@ func ListAPIKeys(ctx context.Context, db *gorm.DB, userID uint) ([]APIKey, error
 	return keys, nil
 }
 
+// ListAllAPIKeys lists at most limit keys of everyone whose owner's email
+// contains ownerFilter (all when it is empty), newest first, with their
+// owners. more reports that others matched too.
+func ListAllAPIKeys(ctx context.Context, db *gorm.DB, ownerFilter string, limit int) (keys []APIKey, more bool, err error) {
+	q := db.WithContext(ctx).Preload("User").Order("id DESC").Limit(limit + 1)
+	if ownerFilter != "" {
+		q = q.Where("user_id IN (?)", db.WithContext(ctx).Model(&User{}).Select("id").Where(emailContains, likeContains(ownerFilter)))
+	}
+	if err := q.Find(&keys).Error; err != nil {
+		return nil, false, fmt.Errorf("list api keys: %w", err)
+	}
+	if len(keys) > limit {
+		keys, more = keys[:limit], true
+	}
+	return keys, more, nil
+}
+
 // RevokeAPIKey marks a key revoked. userID 0 may revoke anyone's key (an
 // admin or the CLI); otherwise only the owner's. Revoking twice is harmless.
 func RevokeAPIKey(ctx context.Context, db *gorm.DB, id, userID uint) error {

@@ -178,10 +178,21 @@ func NewRollup() *Rollup {
 		latency: map[latencyKey]int64{}}
 }
 
+// UnknownModel is the rollups' name for every model a request asked for
+// that the gateway does not serve. The ledger keeps the name asked for, but
+// anyone with a key can invent names: one rollup row per name would let them
+// grow the rollups, and the dashboards' queries, without bound.
+const UnknownModel = "(unknown)"
+
 // Add counts a final row. Rows still pending are ignored.
 func (r *Rollup) Add(u *Usage) {
 	if u.Outcome == OutcomePending || u.Outcome == "" {
 		return
+	}
+	if u.Reason == "model_not_found" {
+		v := *u
+		v.Model = UnknownModel
+		u = &v
 	}
 	created := u.CreatedAt.UTC()
 	var user, key uint

@@ -11,6 +11,8 @@ const out = join(root, 'static', 'vendor');
 const files = [
   { pkg: 'htmx.org', version: '2.0.11', from: 'dist/htmx.min.js', to: 'htmx.min.js' },
   { pkg: 'htmx-ext-sse', version: '2.2.4', from: 'dist/sse.min.js', to: 'htmx-ext-sse.min.js' },
+  // The dashboards' charts (/admin, /usage); loaded only by those pages.
+  { pkg: 'chart.js', version: '4.6.1', from: 'dist/chart.umd.min.js', to: 'chart.umd.min.js' },
 ];
 
 mkdirSync(out, { recursive: true });

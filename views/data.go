@@ -5,6 +5,7 @@ package views
 
 import (
 	"fmt"
+	"net/url"
 	"time"
 )
 
@@ -38,6 +39,9 @@ type Key struct {
 	Created  time.Time
 	LastUsed *time.Time
 	Expires  *time.Time
+	// OwnerDisabled: an admin disabled the owner, so even an active key
+	// is refused.
+	OwnerDisabled bool
 }
 
 // KeysPage is the keys page: a person's own keys (/keys) or everyone's
@@ -52,6 +56,11 @@ type KeysPage struct {
 	Error     string
 	// Form echoes the create form after an error.
 	Form KeyForm
+	// Filter is /admin/keys's owner filter, as typed (cleaned).
+	Filter string
+	// More says the list stops at Limit keys and others matched too.
+	More  bool
+	Limit int
 }
 
 // KeyForm is the create-key form's values.
@@ -59,6 +68,41 @@ type KeyForm struct {
 	Name        string
 	ExpiresDays int
 	RPM         int
+}
+
+// Person is one row of the people list (/admin/people).
+type Person struct {
+	ID         uint
+	Email      string
+	Name       string
+	Admin      bool
+	Created    time.Time
+	LastLogin  *time.Time
+	DisabledAt *time.Time
+	ActiveKeys int64
+	// Self is the admin looking at the list, who cannot disable themself.
+	Self bool
+}
+
+// Status is a short word for the list: active or disabled.
+func (p Person) Status() string {
+	if p.DisabledAt != nil {
+		return "disabled"
+	}
+	return "active"
+}
+
+// PeoplePage is /admin/people: everyone, filtered by email.
+type PeoplePage struct {
+	Page
+	Filter string
+	People []Person
+	// More says the list stops at Limit people and others matched too.
+	More  bool
+	Limit int
+	// Notice says what was just done; Error why the request failed.
+	Notice string
+	Error  string
 }
 
 // ExpiryChoices are the create form's expiry options, in days (0: never).
@@ -72,12 +116,34 @@ func revokeURL(all bool, id uint) string {
 	return fmt.Sprintf("/keys/%d/revoke", id)
 }
 
+// personURL is where a row of /admin/people posts action (disable, enable).
+func personURL(id uint, action string) string {
+	return fmt.Sprintf("/admin/people/%d/%s", id, action)
+}
+
+// filteredURL is path with its filter parameter, when there is one.
+func filteredURL(path, param, filter string) string {
+	if filter == "" {
+		return path
+	}
+	return path + "?" + url.Values{param: {filter}}.Encode()
+}
+
 // when formats a time for a table cell.
 func when(t *time.Time) string {
 	if t == nil || t.IsZero() {
 		return "—"
 	}
 	return t.UTC().Format("2006-01-02 15:04 UTC")
+}
+
+// shortTime is a time for a narrow cell: how long ago within the past
+// week, else the day.
+func shortTime(t time.Time) string {
+	if d := time.Since(t); d >= 0 && d < 7*24*time.Hour {
+		return ago(t)
+	}
+	return t.UTC().Format("2006-01-02")
 }
 
 func expiryLabel(days int) string {

@@ -101,9 +101,17 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	keys.Post("", h.CreateKey)
 	keys.Post("/:id/revoke", h.RevokeKey)
 
+	app.Get("/usage", page, h.Usage)
+	app.Get("/usage/export", page, h.UsageExport)
+
 	adminPages := app.Group("/admin", h.RequirePageSession, h.RequireAdmin)
+	adminPages.Get("", h.AdminDashboard)
+	adminPages.Get("/backends", h.AdminBackends)
 	adminPages.Get("/keys", h.AdminKeys)
 	adminPages.Post("/keys/:id/revoke", h.AdminRevokeKey)
+	adminPages.Get("/people", h.AdminPeople)
+	adminPages.Post("/people/:id/disable", h.AdminDisablePerson)
+	adminPages.Post("/people/:id/enable", h.AdminEnablePerson)
 	return nil
 }
 

@@ -102,6 +102,7 @@ type waiter struct {
 	prev, next *waiter
 	ready      chan struct{}
 	granted    bool
+	since      time.Time // when it joined the queue, for Snapshot's OldestWait
 }
 
 // NewGate returns a Gate for the named backend.
@@ -168,7 +169,7 @@ func (g *Gate) AcquireNotify(ctx context.Context, queued func()) (*Slot, error) 
 		g.mu.Unlock()
 		return nil, &Rejected{Backend: g.backend, Reason: ReasonQueueFull, RetryAfter: ra}
 	}
-	w := &waiter{ready: make(chan struct{})}
+	w := &waiter{ready: make(chan struct{}), since: time.Now()}
 	g.pushLocked(w)
 	g.changed()
 	g.mu.Unlock()
@@ -248,6 +249,30 @@ func (g *Gate) Queued() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.queued
+}
+
+// Snapshot is a gate's state at one moment, as the live dashboard shows it.
+type Snapshot struct {
+	InFlight, MaxConcurrency int
+	Queued, MaxQueue         int
+	// OldestWait is how long the head of the queue has waited so far; 0
+	// when nobody waits.
+	OldestWait time.Duration
+}
+
+// Snapshot returns the gate's counts and limits and the age of its oldest
+// waiter, all read under one hold of the lock so that they agree with each
+// other. It allocates nothing, so a dashboard polling every few seconds
+// costs the gate one short lock.
+func (g *Gate) Snapshot() Snapshot {
+	now := time.Now() // read outside the lock: a clock read need not delay Acquire
+	g.mu.Lock()
+	s := Snapshot{InFlight: g.inFlight, MaxConcurrency: g.max, Queued: g.queued, MaxQueue: g.maxQueue}
+	if g.head != nil {
+		s.OldestWait = max(now.Sub(g.head.since), 0)
+	}
+	g.mu.Unlock()
+	return s
 }
 
 // AvgServiceTime returns the current estimate of how long a slot is held:

@@ -8,7 +8,11 @@
 // process (Store.Forget, called by the web pages) takes effect at once; one
 // made elsewhere — the CLI, another replica, a direct UPDATE — takes effect
 // here within CacheTTL. The same holds for changes to a key's RPM or to its
-// owner's admin flag. Unknown, revoked and expired keys are never cached, so
+// owner's admin flag, and for disabling its owner: the cached key carries
+// its owner's row, so Store.ForgetUser (called by the people page) stops
+// all of a person's keys here at once, and other replicas refuse them once
+// their cached copy is older than CacheTTL and the owner is read again.
+// Unknown, revoked, expired and disabled owners' keys are never cached, so
 // presenting made-up keys cannot fill the cache.
 package apikey
 
@@ -43,6 +47,8 @@ var (
 	ErrUnknown   = errors.New("unknown API key")
 	ErrRevoked   = errors.New("API key revoked")
 	ErrExpired   = errors.New("API key expired")
+	// ErrOwnerDisabled means the key is fine but an admin disabled its owner.
+	ErrOwnerDisabled = errors.New("API key owner disabled")
 )
 
 // PublicPrefix returns the part of a presented key that lists show ("mj-"
@@ -122,7 +128,7 @@ type Store struct {
 	cmu   sync.RWMutex
 	ttl   time.Duration
 	cache map[string]cached // SHA-256 of the secret → active key
-	gen   uint64            // bumped by Forget: look-ups begun before it are not cached
+	gen   uint64            // bumped by Forget and ForgetUser: look-ups begun before it are not cached
 }
 
 // NewStore returns a Store that writes last-used times every interval and
@@ -181,6 +187,10 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 		s.drop(hash)
 		return nil, ErrExpired
 	}
+	if key.User.Disabled() {
+		s.drop(hash)
+		return nil, ErrOwnerDisabled
+	}
 	if !hit || !now.Before(c.until) {
 		s.remember(hash, key, gen, now.Add(ttl), ttl)
 	}
@@ -233,6 +243,25 @@ func (s *Store) Forget(id uint) {
 	s.gen++
 	for h, c := range s.cache {
 		if c.key.ID == id {
+			delete(s.cache, h)
+		}
+	}
+}
+
+// ForgetUser drops every key of user userID from the cache at once. Call it
+// after disabling the user in the database: this process then reads the
+// owner again on their next request and refuses it. Other replicas do the
+// same when their cached copies expire, within CacheTTL. A nil Store is a
+// no-op.
+func (s *Store) ForgetUser(userID uint) {
+	if s == nil {
+		return
+	}
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	s.gen++
+	for h, c := range s.cache {
+		if c.key.UserID == userID {
 			delete(s.cache, h)
 		}
 	}

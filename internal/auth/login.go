@@ -24,6 +24,9 @@ var (
 	ErrLoginExpired = errors.New("this sign-in has expired or was not started here")
 	// ErrProviderRefused means the provider answered with an error.
 	ErrProviderRefused = errors.New("the sign-in provider refused the sign-in")
+	// ErrDisabled means the provider vouched for the person, but an admin
+	// disabled them here.
+	ErrDisabled = errors.New("an admin has disabled this account")
 )
 
 // BeginLogin starts a sign-in: it stores the PKCE verifier and the page to
@@ -71,7 +74,8 @@ type Login struct {
 
 // FinishLogin completes a sign-in: it checks that the callback belongs to
 // the sign-in this browser started, exchanges the code with the verifier,
-// verifies the ID token, creates or updates the user and starts a session.
+// verifies the ID token, creates or updates the user and, unless an admin
+// disabled them (ErrDisabled), starts a session and records the sign-in.
 func (s *Service) FinishLogin(ctx context.Context, cb Callback) (*Login, error) {
 	if cb.CookieState == "" || cb.State == "" || !equal(cb.CookieState, cb.State) {
 		return nil, ErrLoginExpired
@@ -102,9 +106,22 @@ func (s *Service) FinishLogin(ctx context.Context, cb Callback) (*Login, error) 
 	if err != nil {
 		return nil, err
 	}
+	if user.Disabled() {
+		s.log.WarnContext(ctx, "sign-in refused: disabled by an admin", "user", user.ID, "email", user.Email)
+		return nil, ErrDisabled
+	}
+	// Disabled between the check and here, the person gets a session that
+	// Session refuses: it reads the flag with every session.
 	cookie, sess, err := s.CreateSession(ctx, user.ID, tokens.IDToken, cb.OldSession)
 	if err != nil {
 		return nil, err
+	}
+	now := time.Now().UTC()
+	if err := models.RecordLogin(ctx, s.db, user.ID, now); err != nil {
+		// The sign-in itself worked; only the list of people is less exact.
+		s.log.WarnContext(ctx, "record sign-in time", "user", user.ID, "err", err)
+	} else {
+		user.LastLoginAt = &now
 	}
 	sess.User = *user
 	s.log.InfoContext(ctx, "signed in", "user", user.ID, "email", user.Email, "admin", user.Admin)

@@ -45,7 +45,9 @@ func (s *Service) CreateSession(ctx context.Context, userID uint, idToken, oldCo
 }
 
 // Session returns the live session named by a cookie value, with its user,
-// and records the activity.
+// and records the activity. A disabled person's session is ended and
+// refused: disabling deletes their sessions, and this catches one that a
+// sign-in in flight created just after.
 func (s *Service) Session(ctx context.Context, cookie string) (*models.Session, error) {
 	if cookie == "" || len(cookie) > 200 {
 		return nil, ErrNoSession
@@ -58,7 +60,7 @@ func (s *Service) Session(ctx context.Context, cookie string) (*models.Session, 
 		return nil, err
 	}
 	now := time.Now()
-	if !now.Before(sess.ExpiresAt) || !now.Before(sess.LastSeenAt.Add(s.idle)) {
+	if sess.User.Disabled() || !now.Before(sess.ExpiresAt) || !now.Before(sess.LastSeenAt.Add(s.idle)) {
 		if err := models.DeleteSession(ctx, s.db, sess.ID); err != nil {
 			s.log.WarnContext(ctx, "delete expired session", "err", err)
 		}

@@ -66,7 +66,9 @@ func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, er
 	if s.admin.configured() {
 		u.Admin = s.admin.IsAdmin(id)
 	}
-	if err := s.db.WithContext(ctx).Save(&u).Error; err != nil {
+	// Never the disabled flag or the sign-in time: a save of a row read
+	// before an admin disabled the person would enable them again.
+	if err := s.db.WithContext(ctx).Omit("DisabledAt", "LastLoginAt").Save(&u).Error; err != nil {
 		return nil, fmt.Errorf("save user %s: %w", email, err)
 	}
 	return &u, nil

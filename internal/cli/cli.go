@@ -20,6 +20,7 @@ Usage:
   moonji keys revoke ID                        revoke a key
   moonji usage export [--since TIME] [--format jsonl|csv]
                                                print the usage ledger
+  moonji usage rollup                          rebuild the dashboards' sums from the ledger
 
 Every subcommand takes --config FILE (or MOONJI_CONFIG); with neither, the
 embedded default is used (SQLite under ./data, the built-in demo model).

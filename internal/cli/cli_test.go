@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"moonji/internal/usageexport"
 	"moonji/models"
 )
 
@@ -144,12 +145,12 @@ func TestUsageExport(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range exportFields {
+	for _, f := range usageexport.Fields {
 		if _, ok := rec[f]; !ok {
 			t.Errorf("JSONL record lacks %q: %s", f, lines[0])
 		}
 	}
-	if len(rec) != len(exportFields) || rec["inference_id"] != "inf_a" || rec["key_id"] != 7.0 || rec["ttft_ms"] != 42.0 ||
+	if len(rec) != len(usageexport.Fields) || rec["inference_id"] != "inf_a" || rec["key_id"] != 7.0 || rec["ttft_ms"] != 42.0 ||
 		rec["completion_tokens"] != 64.0 || rec["usage_source"] != "engine" {
 		t.Errorf("record = %v", rec)
 	}
@@ -167,7 +168,7 @@ func TestUsageExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 4 || strings.Join(recs[0], ",") != strings.Join(exportFields, ",") {
+	if len(recs) != 4 || strings.Join(recs[0], ",") != strings.Join(usageexport.Fields, ",") {
 		t.Fatalf("csv = %q", out)
 	}
 	if recs[1][0] != "inf_old" || recs[2][14] != "42" || recs[3][14] != "" {

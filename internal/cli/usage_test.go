@@ -85,23 +85,3 @@ func TestUsageExportCSVFormulas(t *testing.T) {
 		t.Errorf("JSONL model = %q, want it unchanged", rec["model"])
 	}
 }
-
-func TestCSVText(t *testing.T) {
-	for in, want := range map[string]string{
-		"":        "",
-		"m1":      "m1",
-		"=1":      "'=1",
-		"+1":      "'+1",
-		"-1":      "'-1",
-		"@x":      "'@x",
-		"\tx":     "'\tx",
-		"\rx":     "'\rx",
-		"a=1":     "a=1",
-		"'=1":     "'=1",
-		"success": "success",
-	} {
-		if got := csvText(in); got != want {
-			t.Errorf("csvText(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -58,7 +58,9 @@ func (p Principal) RateKey() string {
 
 // Backend is one engine with its admission gate.
 type Backend struct {
-	Name     string
+	Name string
+	// Kind is the configured kind (openai, builtin), for the dashboard.
+	Kind     string
 	Upstream proxy.Upstream
 	Gate     *admission.Gate
 	Timeout  time.Duration
@@ -84,17 +86,25 @@ type Gateway struct {
 	replica string
 	stall   time.Duration
 	log     *slog.Logger
+
+	// backends are the backends in configuration order, with the models
+	// each serves; fixed at New, so Backends reads them without a lock.
+	backends []backendInfo
 }
 
 // Options wire a Gateway.
 type Options struct {
-	Routes  []*Route
-	Client  *proxy.Client
-	Ledger  *ledger.Ledger
-	Metrics *metrics.Metrics
-	Limiter *ratelimit.Limiter
-	Limit   ratelimit.Limit // default per key / per user
-	Stops   *stop.Service
+	Routes []*Route
+	// Backends lists the backends in configuration order, so that one no
+	// model routes to is listed too; when empty, the routes' backends in
+	// order of first use.
+	Backends []*Backend
+	Client   *proxy.Client
+	Ledger   *ledger.Ledger
+	Metrics  *metrics.Metrics
+	Limiter  *ratelimit.Limiter
+	Limit    ratelimit.Limit // default per key / per user
+	Stops    *stop.Service
 	// Replica names this replica in the rows it writes.
 	Replica string
 	// StreamWriteTimeout cancels a stream whose client makes no write
@@ -114,11 +124,66 @@ func New(o Options) *Gateway {
 		g.routes[r.Model] = r
 		g.order = append(g.order, r.Model)
 	}
+	g.backends = backendInfos(o.Backends, o.Routes)
 	return g
 }
 
 // Models lists the public model names in configuration order.
 func (g *Gateway) Models() []string { return g.order }
+
+// backendInfo is one backend and the public models routed to it.
+type backendInfo struct {
+	b      *Backend
+	models []string
+}
+
+func backendInfos(backends []*Backend, routes []*Route) []backendInfo {
+	var out []backendInfo
+	index := map[*Backend]int{}
+	add := func(b *Backend) int {
+		if i, ok := index[b]; ok {
+			return i
+		}
+		index[b] = len(out)
+		out = append(out, backendInfo{b: b})
+		return len(out) - 1
+	}
+	for _, b := range backends {
+		if b != nil {
+			add(b)
+		}
+	}
+	for _, r := range routes {
+		if r.Backend != nil {
+			i := add(r.Backend)
+			out[i].models = append(out[i].models, r.Model)
+		}
+	}
+	return out
+}
+
+// BackendState is one backend as the live dashboard shows it.
+type BackendState struct {
+	Name string
+	Kind string
+	// Models are the public model names it serves, in configuration
+	// order; shared with the gateway, so callers must not change them.
+	Models []string
+	admission.Snapshot
+}
+
+// Backends returns every backend's live state in configuration order: one
+// slice, and one short hold of each gate's lock.
+func (g *Gateway) Backends() []BackendState {
+	out := make([]BackendState, len(g.backends))
+	for i, bi := range g.backends {
+		out[i] = BackendState{Name: bi.b.Name, Kind: bi.b.Kind, Models: bi.models}
+		if bi.b.Gate != nil {
+			out[i].Snapshot = bi.b.Gate.Snapshot()
+		}
+	}
+	return out
+}
 
 // Call is one request to /v1/chat/completions.
 type Call struct {

@@ -14,7 +14,8 @@ import (
 
 // The dashboards' aggregates, checked against a set of rows counted by hand:
 // every outcome, two models, two people, a key each (and a web request with
-// none), a request refused before anyone was known, rows on both sides of a
+// none), a request refused before anyone was known, one for a model nobody
+// serves, rows on both sides of a
 // UTC midnight, one older than 24 hours, one older than 30 days, one still
 // running and one orphaned by a dead replica. The rows go through the
 // ledger's writer (Begin/Finish in separate batches and in one, Record) and
@@ -68,6 +69,9 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 		l.Record(r{InferenceID: "r07", CreatedAt: at(30, 0, 20), Outcome: models.OutcomeRejected, Reason: "unauthorized", Status: 401})
 		l.Record(r{InferenceID: "r08", CreatedAt: at(30, 0, 25), UserID: &bob, KeyID: &b1, Model: "m2",
 			Outcome: models.OutcomeRejected, Reason: "queue_timeout", Status: 503, QueueMs: 5000})
+		// 13: a model nobody serves, counted under one name whatever was asked.
+		l.Record(r{InferenceID: "r13", CreatedAt: at(30, 0, 26), UserID: &bob, KeyID: &b1, Model: "gpt-invented",
+			Outcome: models.OutcomeRejected, Reason: "model_not_found", Status: 404})
 		// 9: weeks ago (in the 30 days, not in the 24 hours); 12: older than 30 days.
 		final(r{InferenceID: "r09", CreatedAt: at(10, 12, 0), UserID: &alice, KeyID: &a1, Model: "m2",
 			Outcome: models.OutcomeSuccess, PromptTokens: 100, CompletionTokens: 200, TTFTMs: ms(1000)})
@@ -106,6 +110,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			{Start: h23, Model: "m1", Outcome: "success", Requests: 2, PromptTokens: 15, CompletionTokens: 27},
 			{Start: h23, Model: "m2", Outcome: "error", Requests: 1, PromptTokens: 3},
 			{Start: h00, Outcome: "rejected", Requests: 1},
+			{Start: h00, Model: models.UnknownModel, Outcome: "rejected", Requests: 1},
 			{Start: h00, Model: "m1", Outcome: "rejected", Requests: 1},
 			{Start: h00, Model: "m1", Outcome: "stopped", Requests: 1, PromptTokens: 6, CompletionTokens: 3},
 			{Start: h00, Model: "m2", Outcome: "cancelled", Requests: 1, PromptTokens: 4, CompletionTokens: 2},
@@ -119,6 +124,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			{Start: d29, Model: "m1", Outcome: "success", Requests: 2, PromptTokens: 15, CompletionTokens: 27},
 			{Start: d29, Model: "m2", Outcome: "error", Requests: 1, PromptTokens: 3},
 			{Start: d30, Outcome: "rejected", Requests: 1},
+			{Start: d30, Model: models.UnknownModel, Outcome: "rejected", Requests: 1},
 			{Start: d30, Model: "m1", Outcome: "rejected", Requests: 1},
 			{Start: d30, Model: "m1", Outcome: "stopped", Requests: 1, PromptTokens: 6, CompletionTokens: 3},
 			{Start: d30, Model: "m2", Outcome: "cancelled", Requests: 1, PromptTokens: 4, CompletionTokens: 2},
@@ -132,7 +138,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 
 		users := must(models.TopUsers(ctx, db, day, 10))
 		wantUsers := []models.UserTotal{{UserID: alice, Email: "alice@example.com", Requests: 3, Tokens: 51},
-			{UserID: bob, Email: "bob@example.com", Requests: 5, Tokens: 9}}
+			{UserID: bob, Email: "bob@example.com", Requests: 6, Tokens: 9}}
 		if !reflect.DeepEqual(users, wantUsers) {
 			t.Errorf("top users (24 h) = %+v\nwant %+v", users, wantUsers)
 		}
@@ -142,7 +148,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 		keys := must(models.TopKeys(ctx, db, day, 0, 10))
 		wantKeys := []models.KeyTotal{
 			{KeyID: a1, Name: "alice-laptop", Prefix: "mj-alice-l", Owner: "alice@example.com", Requests: 2, PromptTokens: 15, CompletionTokens: 27},
-			{KeyID: b1, Name: "bob-ci", Prefix: "mj-bob-ci", Owner: "bob@example.com", Requests: 5, PromptTokens: 7, CompletionTokens: 2},
+			{KeyID: b1, Name: "bob-ci", Prefix: "mj-bob-ci", Owner: "bob@example.com", Requests: 6, PromptTokens: 7, CompletionTokens: 2},
 		}
 		if !reflect.DeepEqual(keys, wantKeys) {
 			t.Errorf("top keys (24 h) = %+v\nwant %+v", keys, wantKeys)
@@ -163,8 +169,8 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 		closeTo(t, "m2 ttft", lat[1].TTFT, 1, 300, 300, 300)
 		closeTo(t, "m2 queue", lat[1].Queue, 3, 10, 5000, 5000)
 
-		if got := ids(must(models.RecentUsage(ctx, db, models.OutcomeRejected, 10))); !reflect.DeepEqual(got, []string{"r08", "r07", "r06"}) {
-			t.Errorf("recent rejections = %v, want r08 r07 r06", got)
+		if got := ids(must(models.RecentUsage(ctx, db, models.OutcomeRejected, 10))); !reflect.DeepEqual(got, []string{"r13", "r08", "r07", "r06"}) {
+			t.Errorf("recent rejections = %v, want r13 r08 r07 r06", got)
 		}
 		if got := ids(must(models.RecentUsage(ctx, db, models.OutcomeError, 1))); !reflect.DeepEqual(got, []string{"r11"}) {
 			t.Errorf("most recent error = %v, want r11", got)
@@ -172,8 +178,8 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 
 		// The rollup is exactly what a rebuild from the ledger gives.
 		before := rollupRows(t, db)
-		if n, err := models.RebuildRollup(ctx, db); err != nil || n != 12 {
-			t.Fatalf("rebuild read %d rows (%v), want 12", n, err)
+		if n, err := models.RebuildRollup(ctx, db); err != nil || n != 13 {
+			t.Fatalf("rebuild read %d rows (%v), want 13", n, err)
 		}
 		if after := rollupRows(t, db); !reflect.DeepEqual(before, after) {
 			t.Errorf("rollup kept by the writer differs from a rebuild:\n%+v\n%+v", before, after)

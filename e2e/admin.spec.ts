@@ -1,0 +1,244 @@
+import { test, expect, type Page, type Locator } from '@playwright/test';
+import AxeBuilder from '@axe-core/playwright';
+import { execFileSync } from 'node:child_process';
+import { baseURL } from '../playwright.config';
+import { adminEmail, adminPassword, createKey, signIn } from './helpers';
+
+// The admin dashboard (/admin) and a person's usage page (/usage) against
+// the e2e server: counts of requests just made, a backend's queue seen
+// live, a key revoked from the admin pages, the admin guard, and every
+// look (axe, light, dark, phone). The server and its database are shared
+// with the other specs, so counts are read as differences or per fresh key.
+
+const v1 = `${baseURL}/v1/chat/completions`;
+
+// chat sends one /v1 request with key and returns its status and inference id.
+async function chat(key: string, body: object): Promise<{ status: number; id: string }> {
+  const resp = await fetch(v1, {
+    method: 'POST', headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  await resp.arrayBuffer();
+  return { status: resp.status, id: resp.headers.get('x-inference-id') || '' };
+}
+
+const ask = (model: string, maxTokens = 3) => ({ model, max_tokens: maxTokens, messages: [{ role: 'user', content: 'Hello' }] });
+
+// value is a table cell's number (its data-value), 0 when the cell is absent.
+async function value(cell: Locator): Promise<number> {
+  if (await cell.count() === 0) return 0;
+  return Number(await cell.getAttribute('data-value'));
+}
+
+// drawn reports whether Chart.js has drawn both charts of the page.
+const drawn = (page: Page) => page.evaluate(() => {
+  const C = (window as any).Chart;
+  return !!C && !!C.getChart('chart-requests') && !!C.getChart('chart-tokens');
+});
+
+// No page may throw: a script error would leave charts undrawn or the live
+// view's note dead without any other sign.
+let pageErrors: string[] = [];
+test.beforeEach(({ page }) => {
+  pageErrors = [];
+  page.on('pageerror', (err) => pageErrors.push(err.message));
+});
+test.afterEach(() => {
+  expect(pageErrors, 'errors thrown in the page').toEqual([]);
+});
+
+const totalsCell = (page: Page, model: string, outcome: string) =>
+  page.locator(`#model-totals tr[data-model="${model}"] td[data-outcome="${outcome}"]`);
+
+test('requests made with a key appear on /admin with the right counts', async ({ page }) => {
+  await signIn(page, '/admin');
+  await expect(page.getByRole('heading', { name: 'Dashboard' })).toBeVisible();
+  const before = await value(totalsCell(page, 'moonji-demo', 'success'));
+
+  const key = createKey(adminEmail, `e2e-dashboard-${Date.now()}`);
+  const prefix = key.slice(0, 11);
+  for (let i = 0; i < 3; i++) expect((await chat(key, ask('moonji-demo'))).status).toBe(200);
+  const missing = await chat(key, ask('e2e-no-such-model'));
+  expect(missing.status).toBe(404);
+  const badKey = await chat(`mj-${'x'.repeat(43)}`, ask('moonji-demo'));
+  expect(badKey.status).toBe(401);
+
+  // The ledger commits in groups: reload until the rows are in.
+  await expect.poll(async () => {
+    await page.goto('/admin');
+    return value(totalsCell(page, 'moonji-demo', 'success'));
+  }, { timeout: 10_000 }).toBe(before + 3);
+
+  // The fresh key: its four requests, the refused one included.
+  const keyRow = page.locator('#key-totals tbody tr', { hasText: `${prefix}…` });
+  await expect(keyRow).toHaveCount(1);
+  expect(await value(keyRow.locator('td[data-field="requests"]'))).toBe(4);
+  expect(await value(keyRow.locator('td[data-field="completion_tokens"]'))).toBe(9);
+
+  // The refusals, with their reasons; the key's prefix where there was a key.
+  const rejected = page.locator(`#rejected tr[data-inference-id="${missing.id}"]`);
+  await expect(rejected).toHaveAttribute('data-reason', 'model_not_found');
+  await expect(rejected).toHaveAttribute('data-status', '404');
+  await expect(rejected).toContainText(`${prefix}…`);
+  const unauthorized = page.locator(`#rejected tr[data-inference-id="${badKey.id}"]`);
+  await expect(unauthorized).toHaveAttribute('data-reason', 'unauthorized');
+
+  // The charts are drawn (Chart.js sizes its canvas), and their numbers
+  // are there as a table too.
+  await expect.poll(() => drawn(page)).toBe(true);
+  await page.getByText('Show as table').first().click();
+  await expect(page.locator('#requests-table')).toBeVisible();
+  const hourTotal = await page.locator('#requests-table tbody tr').last().locator('td[data-outcome="success"]');
+  expect(await value(hourTotal)).toBeGreaterThanOrEqual(3);
+
+  // The range switch: 30 days by day.
+  await page.getByRole('navigation', { name: 'Time range' }).getByRole('link', { name: '30 days' }).click();
+  await expect(page).toHaveURL(/\/admin\?range=30d$/);
+  await expect(page.locator('#requests-table tbody tr')).toHaveCount(30);
+  expect(await value(totalsCell(page, 'moonji-demo', 'success'))).toBeGreaterThanOrEqual(before + 3);
+});
+
+test('the live view shows a backend’s queue while requests wait', async ({ page }) => {
+  test.setTimeout(60_000);
+  await signIn(page, '/admin');
+  const row = page.locator('#backends tr[data-backend="queue"]');
+  await expect(row).toHaveAttribute('data-in-flight', '0');
+  await expect(row).toHaveAttribute('data-max-queue', '4');
+
+  const key = createKey(adminEmail, `e2e-queue-${Date.now()}`);
+  const aborts: AbortController[] = [];
+  const pending: Promise<unknown>[] = [];
+  for (let i = 0; i < 3; i++) {
+    const abort = new AbortController();
+    aborts.push(abort);
+    pending.push(fetch(v1, {
+      method: 'POST', signal: abort.signal,
+      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ ...ask('moonji-queue', 2000), stream: true }),
+    }).then((r) => r.arrayBuffer()).catch(() => undefined));
+  }
+  // htmx refreshes the fragment every 2 s: no reload here.
+  await expect(row).toHaveAttribute('data-queued', '2', { timeout: 10_000 });
+  await expect(row).toHaveAttribute('data-in-flight', '1');
+  await expect(row).toHaveAttribute('data-max-concurrency', '1');
+  await expect(row).toContainText('1 / 1');
+  await expect(row).toContainText('2 / 4');
+  await expect.poll(async () => Number(await row.getAttribute('data-oldest-wait-ms')), { timeout: 6_000 }).toBeGreaterThan(1000);
+  await page.locator('#backends').screenshot({ path: 'test-results/screenshots/admin-queue.png' });
+
+  for (const a of aborts) a.abort();
+  await Promise.all(pending);
+  await expect(row).toHaveAttribute('data-queued', '0', { timeout: 10_000 });
+  await expect(row).toHaveAttribute('data-in-flight', '0', { timeout: 10_000 });
+
+  // A refresh that fails leaves the last state in place and says so; the
+  // next one that works takes the note away.
+  const stale = page.locator('#backends-stale');
+  await expect(stale).toBeHidden();
+  await page.route('**/admin/backends', (route) => route.abort());
+  await expect(stale).toBeVisible({ timeout: 6_000 });
+  await expect(row).toHaveAttribute('data-in-flight', '0');
+  await page.unroute('**/admin/backends');
+  await expect(stale).toBeHidden({ timeout: 6_000 });
+});
+
+test('a key created on /keys and revoked on /admin/keys stops working', async ({ page }) => {
+  await signIn(page, '/keys');
+  const name = `e2e-admin-revoke-${Date.now()}`;
+  await page.getByLabel('Name').fill(name);
+  await page.getByRole('button', { name: 'Create key' }).click();
+  const secret = await page.locator('#new-key-secret').inputValue();
+  expect((await chat(secret, ask('moonji-demo'))).status).toBe(200);
+
+  // From the dashboard's admin navigation to everyone's keys.
+  await page.goto('/admin');
+  await page.getByRole('navigation', { name: 'Admin' }).getByRole('link', { name: 'Keys' }).click();
+  await expect(page).toHaveURL(/\/admin\/keys/);
+  const row = page.locator('tr', { hasText: name });
+  await expect(row).toHaveAttribute('data-status', 'active');
+  let asked = '';
+  page.once('dialog', (dialog) => { asked = dialog.message(); dialog.accept(); });
+  await row.getByRole('button', { name: 'Revoke' }).click();
+  await expect(row).toHaveAttribute('data-status', 'revoked');
+  expect(asked).toContain(name);
+  expect((await chat(secret, ask('moonji-demo'))).status).toBe(401);
+});
+
+// addPerson makes a non-admin who can sign in with the development
+// provider: the CLI creates the person (with a key), and the admin's
+// password hash is copied to them, so they sign in with the same password.
+function addPerson(email: string) {
+  createKey(email, 'e2e-person');
+  execFileSync('sqlite3', ['-cmd', '.timeout 5000', 'e2e/.tmp/moonji.db',
+    `UPDATE users SET password_hash = (SELECT password_hash FROM users WHERE email = '${adminEmail}'), admin = 0 WHERE email = '${email}';`]);
+}
+
+async function signInAs(page: Page, email: string) {
+  await page.goto('/login');
+  await expect(page).toHaveURL(/\/idp\/login\?/);
+  await page.getByLabel('Email').fill(email);
+  await page.getByLabel('Password').fill(adminPassword);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await expect(page.locator('#whoami')).toHaveText(email);
+}
+
+test('someone who is not an admin gets 403 on /admin and sees only their own usage', async ({ page }) => {
+  const email = 'person@localhost';
+  addPerson(email);
+  await signInAs(page, email);
+  await expect(page.getByRole('banner').getByRole('link', { name: 'Admin' })).toHaveCount(0);
+  for (const path of ['/admin', '/admin/backends', '/admin?range=30d']) {
+    const resp = await page.goto(path);
+    expect(resp?.status(), path).toBe(403);
+  }
+  const resp = await page.goto('/usage');
+  expect(resp?.status()).toBe(200);
+  await expect(page.getByRole('heading', { name: 'Your usage' })).toBeVisible();
+  // Nothing of the admin's: their keys and models are not listed here.
+  expect(await page.locator('#key-totals tbody tr', { hasText: 'e2e-dashboard' }).count()).toBe(0);
+  expect(await page.content()).not.toContain(adminEmail + '<');
+});
+
+const modes = [
+  { name: 'light', colorScheme: 'light' as const, width: 1280, height: 800 },
+  { name: 'dark', colorScheme: 'dark' as const, width: 1280, height: 800 },
+  { name: 'phone', colorScheme: 'light' as const, width: 390, height: 844 },
+];
+
+async function look(page: Page, name: string, url: string) {
+  for (const mode of modes) {
+    await page.setViewportSize({ width: mode.width, height: mode.height });
+    await page.emulateMedia({ colorScheme: mode.colorScheme });
+    await page.goto(url);
+    await expect.poll(() => drawn(page)).toBe(true);
+    await page.screenshot({ path: `test-results/screenshots/${name}-${mode.name}.png`, fullPage: true });
+
+    const results = await new AxeBuilder({ page }).analyze();
+    const bad = results.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`),
+      `${name} in ${mode.name}`).toEqual([]);
+
+    if (mode.name === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways, `${name} scrolls sideways on a phone`).toBeLessThanOrEqual(0);
+    }
+  }
+}
+
+test('/admin and /usage: screenshots, accessibility, phone width', async ({ page }) => {
+  test.setTimeout(90_000);
+  await signIn(page, '/usage');
+  // Something to draw on /usage: the admin's own requests with a key.
+  const key = createKey(adminEmail, `e2e-look-${Date.now()}`);
+  for (let i = 0; i < 2; i++) await chat(key, ask('moonji-demo', 8));
+  await chat(key, ask('e2e-no-such-model'));
+  await look(page, 'admin', '/admin');
+  await look(page, 'admin-30d', '/admin?range=30d');
+  await look(page, 'usage', '/usage');
+  // The tables opened: their contrast is scanned too.
+  await page.goto('/usage');
+  for (const s of await page.getByText('Show as table').all()) await s.click();
+  const results = await new AxeBuilder({ page }).analyze();
+  expect(results.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical').map((v) => v.id)).toEqual([]);
+  await page.screenshot({ path: 'test-results/screenshots/usage-tables-light.png', fullPage: true });
+});

@@ -1,0 +1,323 @@
+package views
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// RangeLink is one choice of a dashboard's time span.
+type RangeLink struct {
+	Label   string
+	URL     string
+	Current bool
+}
+
+// UsageView is requests and tokens over a window, cut into buckets: what
+// the charts draw, and the same numbers as tables.
+type UsageView struct {
+	// Span says what the window is ("the last 24 hours, by hour").
+	Span     string
+	Ranges   []RangeLink
+	Buckets  []Bucket
+	Outcomes []string
+	// Models name the token series: the models with the most use, then at
+	// most one Other that adds up the rest.
+	Models []ModelName
+	// Requests[i][j] is bucket i's requests with outcome j.
+	Requests [][]int64
+	// Tokens[i][k] is bucket i's tokens (prompt and completion) of Models[k].
+	Tokens [][]int64
+	// ByModel are the window's totals per model, in the order of Models.
+	ByModel []ModelTotal
+	Total   ModelTotal
+}
+
+// Bucket is one span of a window.
+type Bucket struct {
+	Start time.Time
+	// Label is short, for a chart's axis; Full is for a table.
+	Label, Full string
+}
+
+// ModelName is a model as the dashboards name it: one the ledger holds,
+// or the sum of those not shown one by one (Other).
+type ModelName struct {
+	Name  string
+	Other int // when > 0: this stands for Other models, that many
+}
+
+// Label is how the model is shown.
+func (m ModelName) Label() string {
+	switch {
+	case m.Other > 0:
+		return fmt.Sprintf("%d other models", m.Other)
+	case m.Name == "":
+		return "(no model)" // refused before the body named one
+	default:
+		return m.Name
+	}
+}
+
+// ModelTotal is one model's requests (by outcome) and tokens over a window.
+type ModelTotal struct {
+	Model ModelName
+	// Requests are by outcome, in the order of UsageView.Outcomes.
+	Requests         []int64
+	AllRequests      int64
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+// AdminDashboard is /admin.
+type AdminDashboard struct {
+	Page
+	Usage     UsageView
+	Latencies []Latency
+	TopUsers  []UserTotal
+	TopKeys   []KeyTotal
+	Rejected  []UsageEvent
+	Errors    []UsageEvent
+	Backends  BackendsView
+}
+
+// Latency is one model's time to first token and queue wait.
+type Latency struct {
+	Model string
+	TTFT  Percentiles
+	Queue Percentiles
+}
+
+// Percentiles of a latency in milliseconds; each value is an upper bound
+// (the histogram's buckets are 10 % wide).
+type Percentiles struct {
+	Count         int64
+	P50, P95, P99 int64
+}
+
+// UserTotal is one row of the top users.
+type UserTotal struct {
+	Email    string
+	Requests int64
+	Tokens   int64
+}
+
+// KeyTotal is one row of a key table.
+type KeyTotal struct {
+	ID               uint
+	Name, Prefix     string
+	Owner            string
+	Requests         int64
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+// UsageEvent is one recent ledger row: a rejection or an error.
+type UsageEvent struct {
+	At          time.Time
+	Who         string
+	KeyPrefix   string // "" when the request came with no known key
+	Model       string
+	Status      int
+	Reason      string
+	InferenceID string
+}
+
+// BackendsView is the live backends fragment.
+type BackendsView struct {
+	Backends []BackendLive
+	Updated  time.Time
+}
+
+// BackendLive is one backend's state now.
+type BackendLive struct {
+	Name, Kind     string
+	Models         []string
+	InFlight       int
+	MaxConcurrency int
+	Queued         int
+	MaxQueue       int
+	OldestWait     time.Duration
+}
+
+// UsagePage is /usage: the signed-in person's own use.
+type UsagePage struct {
+	Page
+	Usage UsageView
+	Keys  []KeyTotal
+	// KeysCapped: more keys were used than the table lists.
+	KeysCapped bool
+	// ExportSince are the export form's choices.
+	ExportSince []ExportChoice
+}
+
+// ExportChoice is one "since" of the export form.
+type ExportChoice struct {
+	Value, Label string
+	Selected     bool
+}
+
+// chartData is what static/dashboard.js draws, read from a JSON script
+// element: the x labels and, per canvas, its series.
+type chartData struct {
+	Labels []string `json:"labels"`
+	Charts []chart  `json:"charts"`
+}
+
+type chart struct {
+	Canvas string `json:"canvas"`
+	// Palette is "outcome" (each series coloured for its outcome) or
+	// "model" (colours in turn, grey for Other).
+	Palette string   `json:"palette"`
+	Series  []series `json:"series"`
+}
+
+type series struct {
+	Label string  `json:"label"`
+	Key   string  `json:"key"` // the outcome, or "other"
+	Data  []int64 `json:"data"`
+}
+
+// charts is the charts' data, from the same numbers as the tables.
+func (u UsageView) charts() chartData {
+	d := chartData{Labels: make([]string, len(u.Buckets))}
+	for i, b := range u.Buckets {
+		d.Labels[i] = b.Label
+	}
+	// Empty, never null: a window without requests still draws its axes.
+	req := chart{Canvas: "chart-requests", Palette: "outcome", Series: []series{}}
+	for j, o := range u.Outcomes {
+		s := series{Label: o, Key: o, Data: make([]int64, len(u.Buckets))}
+		for i := range u.Buckets {
+			s.Data[i] = u.Requests[i][j]
+		}
+		req.Series = append(req.Series, s)
+	}
+	tok := chart{Canvas: "chart-tokens", Palette: "model", Series: []series{}}
+	for k, m := range u.Models {
+		s := series{Label: m.Label(), Data: make([]int64, len(u.Buckets))}
+		if m.Other > 0 {
+			s.Key = "other"
+		}
+		for i := range u.Buckets {
+			s.Data[i] = u.Tokens[i][k]
+		}
+		tok.Series = append(tok.Series, s)
+	}
+	d.Charts = []chart{req, tok}
+	return d
+}
+
+// bucketRequests is bucket i's requests of every outcome.
+func (u UsageView) bucketRequests(i int) int64 {
+	var n int64
+	for _, v := range u.Requests[i] {
+		n += v
+	}
+	return n
+}
+
+// bucketTokens is bucket i's tokens of every model.
+func (u UsageView) bucketTokens(i int) int64 {
+	var n int64
+	for _, v := range u.Tokens[i] {
+		n += v
+	}
+	return n
+}
+
+// keyLabel names a key in a table; requests made signed in (the chat) have
+// no key.
+func keyLabel(k KeyTotal) string {
+	switch {
+	case k.ID == 0:
+		return "Chat (signed in)"
+	case k.Name == "":
+		return "(unnamed)"
+	default:
+		return k.Name
+	}
+}
+
+// num formats a count with thin groups (12 345).
+func num(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := n < 0
+	if neg {
+		s = s[1:]
+	}
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, "\u202f"...)
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
+func i64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// ms shows a percentile: "≤ 120 ms", or a dash when nothing was measured.
+func ms(p Percentiles, v int64) string {
+	switch {
+	case p.Count == 0:
+		return "—"
+	case v == 0:
+		return "0 ms" // the first bucket holds exactly 0 (a request that never queued)
+	case v >= 10_000:
+		return fmt.Sprintf("≤ %.1f s", float64(v)/1000)
+	default:
+		return fmt.Sprintf("≤ %d ms", v)
+	}
+}
+
+// wait shows how long the oldest request has waited.
+func wait(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "—"
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	default:
+		return d.Truncate(time.Second).String()
+	}
+}
+
+// queueLow and queueHigh colour a queue's meter: a queue a quarter full is
+// worth a look, three quarters is close to refusing requests.
+func queueLow(n int) string  { return strconv.FormatFloat(float64(n)/4, 'f', -1, 64) }
+func queueHigh(n int) string { return strconv.FormatFloat(float64(n)*3/4, 'f', -1, 64) }
+
+// clock is a time of day in UTC, for the live view.
+func clock(t time.Time) string { return t.UTC().Format("15:04:05 UTC") }
+
+// personLabel names who sent a request; a request refused before anyone was
+// recognised has nobody.
+func personLabel(email string) string {
+	if email == "" {
+		return "(unknown)"
+	}
+	return email
+}
+
+// statusText is an HTTP status for a table; 0 is a request cut before any.
+func statusText(status int) string {
+	if status == 0 {
+		return "—"
+	}
+	return strconv.Itoa(status)
+}
+
+// capitalize upper-cases the first letter of an ASCII sentence.
+func capitalize(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}
