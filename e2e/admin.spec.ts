@@ -165,12 +165,10 @@ test('a key created on /keys and revoked on /admin/keys stops working', async ({
 });
 
 // addPerson makes a non-admin who can sign in with the development
-// provider: the CLI creates the person (with a key), and the admin's
-// password hash is copied to them, so they sign in with the same password.
+// provider, with the admin's password (read by the CLI from stdin).
 function addPerson(email: string) {
-  createKey(email, 'e2e-person');
-  execFileSync('sqlite3', ['-cmd', '.timeout 5000', 'e2e/.tmp/moonji.db',
-    `UPDATE users SET password_hash = (SELECT password_hash FROM users WHERE email = '${adminEmail}'), admin = 0 WHERE email = '${email}';`]);
+  execFileSync('bin/moonji', ['people', 'add', '--config', 'e2e/moonji.e2e.yaml', '--email', email, '--dev-password-stdin'],
+    { input: adminPassword + '\n' });
 }
 
 async function signInAs(page: Page, email: string) {

@@ -21,6 +21,10 @@ Usage:
   moonji usage export [--since TIME] [--format jsonl|csv]
                                                print the usage ledger
   moonji usage rollup                          rebuild the dashboards' sums from the ledger
+  moonji people add --email EMAIL [--admin] [--dev-password-stdin]
+                                               add a person (the password: embedded provider only)
+  moonji people list [--filter TEXT]           list people
+  moonji people disable|enable EMAIL           end a person's sessions and stop their keys, or undo it
 
 Every subcommand takes --config FILE (or MOONJI_CONFIG); with neither, the
 embedded default is used (SQLite under ./data, the built-in demo model).
@@ -46,6 +50,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdKeys(ctx, args[1:], stdout)
 	case "usage":
 		return cmdUsage(ctx, args[1:], stdout)
+	case "people":
+		return cmdPeople(ctx, args[1:], stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil
