@@ -54,6 +54,13 @@ test('every page: screenshots, accessibility, phone width', async ({ page }) => 
   await look(page, 'chat-new', '/');
   await look(page, 'chat-conversation', `/c/${id}`);
   await look(page, 'history', '/history');
+});
+
+// Apart from the chat's, so that each test's time stays well inside its
+// limit on a loaded machine (axe takes seconds per page and mode).
+test('the key and people pages: screenshots, accessibility, phone width', async ({ page }) => {
+  test.setTimeout(90_000);
+  await signIn(page);
   await look(page, 'keys', '/keys');
   await look(page, 'admin-keys', '/admin/keys');
   await look(page, 'admin-people', '/admin/people');
