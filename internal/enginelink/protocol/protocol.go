@@ -51,6 +51,7 @@ func ParseSubprotocol(name string) (int, bool) {
 const (
 	TypeSessionOpen   = "session.open"   // gateway → engine: a session starts (model, settings)
 	TypeChatRequest   = "chat.request"   // gateway → engine: an OpenAI chat body, untouched
+	TypeChatResponse  = "chat.response"  // engine → gateway: a whole answer (not streamed, or an upstream error)
 	TypeChatChunk     = "chat.chunk"     // engine → gateway: one SSE frame, byte for byte
 	TypeChatDone      = "chat.done"      // engine → gateway: the answer ended (finish reason, usage)
 	TypeChatError     = "chat.error"     // engine → gateway: the answer failed (status, message)
@@ -96,6 +97,17 @@ type (
 	// stream_options), as a JSON string so that no byte changes.
 	ChatRequest struct {
 		Body string `json:"body"`
+	}
+	// ChatResponse is the upstream's whole answer when it was not an event
+	// stream: a non-streamed completion, or an error answer, relayed to the
+	// client with its status and body as they were. A streamed answer is
+	// a ChatResponse with Stream set and no body, then chunks, then
+	// chat.done.
+	ChatResponse struct {
+		Status      int    `json:"status"`
+		ContentType string `json:"content_type,omitempty"`
+		Stream      bool   `json:"stream,omitempty"`
+		Body        string `json:"body,omitempty"`
 	}
 	// ChatChunk is one SSE frame as the engine's upstream wrote it,
 	// "data: …\n\n" included: the gateway writes it to a /v1 client as it
@@ -167,7 +179,7 @@ func (e *DecodeError) Reply(id string) Envelope {
 
 // sessionTypes are the types that belong to a session.
 var sessionTypes = map[string]bool{
-	TypeSessionOpen: true, TypeChatRequest: true, TypeChatChunk: true, TypeChatDone: true,
+	TypeSessionOpen: true, TypeChatRequest: true, TypeChatResponse: true, TypeChatChunk: true, TypeChatDone: true,
 	TypeChatError: true, TypeSessionCancel: true, TypeSessionClose: true,
 }
 
@@ -269,6 +281,18 @@ func checkPayload(env *Envelope) error {
 			return errors.New("body is missing")
 		}
 		return nil
+	case TypeChatResponse:
+		var p ChatResponse
+		if err := decodePayload(env, &p, need); err != nil {
+			return err
+		}
+		if p.Status < 200 || p.Status > 599 {
+			return errors.New("status must be 200 to 599")
+		}
+		if p.Stream && p.Body != "" {
+			return errors.New("a streamed response has no body")
+		}
+		return text("content_type", p.ContentType, false)
 	case TypeChatChunk:
 		var p ChatChunk
 		if err := decodePayload(env, &p, need); err != nil {

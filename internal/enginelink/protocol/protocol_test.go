@@ -11,6 +11,8 @@ import (
 var valid = []string{
 	`{"v":1,"id":"m1","type":"session.open","session":"s1","payload":{"model":"qwen3-8b","settings":{"temperature":"0.2"}}}`,
 	`{"v":1,"id":"m2","type":"chat.request","session":"s1","payload":{"body":"{\"model\":\"qwen3-8b\",\"stream\":true,\"messages\":[],\"top_p\":null}"}}`,
+	`{"v":1,"id":"e-0","type":"chat.response","session":"s1","payload":{"status":200,"content_type":"text/event-stream","stream":true}}`,
+	`{"v":1,"id":"e-00","type":"chat.response","session":"s1","payload":{"status":429,"content_type":"application/json","body":"{\"error\":{\"message\":\"slow down\"}}"}}`,
 	`{"v":1,"id":"e-1","type":"chat.chunk","session":"s1","payload":{"seq":1,"frame":"data: {\"choices\":[{\"delta\":{\"content\":\"<b>&\"}}]}\n\n"}}`,
 	`{"v":1,"id":"e-2","type":"chat.done","session":"s1","payload":{"finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":5}}}`,
 	`{"v":1,"id":"e-3","type":"chat.done","session":"s1"}`,
@@ -43,6 +45,8 @@ var invalid = []struct {
 	{"open without model", `{"v":1,"id":"m1","type":"session.open","session":"s1","payload":{}}`, CodeInvalid, true},
 	{"open without payload", `{"v":1,"id":"m1","type":"session.open","session":"s1"}`, CodeInvalid, true},
 	{"request with an object body", `{"v":1,"id":"m1","type":"chat.request","session":"s1","payload":{"body":{"model":"x"}}}`, CodeInvalid, true},
+	{"response status 100", `{"v":1,"id":"m1","type":"chat.response","session":"s1","payload":{"status":100}}`, CodeInvalid, true},
+	{"streamed response with a body", `{"v":1,"id":"m1","type":"chat.response","session":"s1","payload":{"status":200,"stream":true,"body":"x"}}`, CodeInvalid, true},
 	{"chunk seq 0", `{"v":1,"id":"m1","type":"chat.chunk","session":"s1","payload":{"seq":0,"frame":"data: x\n\n"}}`, CodeInvalid, true},
 	{"chunk without frame", `{"v":1,"id":"m1","type":"chat.chunk","session":"s1","payload":{"seq":1}}`, CodeInvalid, true},
 	{"error status 200", `{"v":1,"id":"m1","type":"chat.error","session":"s1","payload":{"status":200,"message":"x"}}`, CodeInvalid, true},
