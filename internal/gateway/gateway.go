@@ -56,14 +56,24 @@ func (p Principal) RateKey() string {
 	return "user:" + strconv.FormatUint(uint64(p.UserID), 10)
 }
 
+// EngineLink carries chat requests to an engine over the engine protocol
+// (enginelink.Link): the same answer as proxy.Client.ChatCompletions, for a
+// session named by the request's inference id.
+type EngineLink interface {
+	ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error)
+}
+
 // Backend is one engine with its admission gate.
 type Backend struct {
 	Name string
-	// Kind is the configured kind (openai, builtin), for the dashboard.
+	// Kind is the configured kind (openai, builtin, engine), for the dashboard.
 	Kind     string
 	Upstream proxy.Upstream
-	Gate     *admission.Gate
-	Timeout  time.Duration
+	// Link, when set, is how requests reach an `engine` backend; Upstream
+	// is then unused.
+	Link    EngineLink
+	Gate    *admission.Gate
+	Timeout time.Duration
 }
 
 // Route maps a public model name to a backend.
@@ -418,7 +428,12 @@ func (x *exchange) run(body []byte) *Response {
 	g.metrics.QueueWait.WithLabelValues(x.route.Backend.Name).Observe(slot.Waited().Seconds())
 
 	x.sent = true
-	resp, err := g.client.ChatCompletions(x.ctx, x.route.Backend.Upstream, body)
+	var resp *http.Response
+	if link := x.route.Backend.Link; link != nil {
+		resp, err = link.ChatCompletions(x.ctx, x.call.ID, gjson.GetBytes(body, "model").String(), body)
+	} else {
+		resp, err = g.client.ChatCompletions(x.ctx, x.route.Backend.Upstream, body)
+	}
 	if err != nil {
 		return x.upstreamFailed(err)
 	}
@@ -628,6 +643,9 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 	case res.ClientErr != nil || errors.Is(cause, errClientLeft):
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
 		return nil
+	case errors.Is(res.UpstreamErr, proxy.ErrEngineDisconnected):
+		x.row.Outcome, x.row.Reason = models.OutcomeError, "engine_disconnected"
+		return proxy.ErrorFrame("The engine's connection was lost before the stream was complete.", "upstream_error", "engine_disconnected")
 	default:
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_disconnected"
 		return proxy.ErrorFrame("The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected")
@@ -717,7 +735,10 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		return x.reply(http.StatusGatewayTimeout, fmt.Sprintf("Backend %s did not answer in time.", x.route.Backend.Name), "server_error", "upstream_timeout")
 	case errors.As(err, &ue):
 		reason := "upstream_unreachable"
-		if ue.Status == http.StatusGatewayTimeout {
+		switch {
+		case errors.Is(err, proxy.ErrEngineDisconnected):
+			reason = "engine_disconnected"
+		case ue.Status == http.StatusGatewayTimeout:
 			reason = "upstream_timeout"
 		}
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, reason, ue.Status

@@ -42,6 +42,11 @@ func NewClient() *Client {
 	return &Client{hc: &http.Client{Transport: tr}}
 }
 
+// ErrEngineDisconnected is wrapped by the errors of an engine backend whose
+// link dropped a request: the connection to the engine was lost while the
+// request ran, or it waited for a connection longer than its queue TTL.
+var ErrEngineDisconnected = errors.New("engine_disconnected")
+
 // UpstreamError is a failure to get an answer from an engine.
 type UpstreamError struct {
 	Status  int // 502 or 504
