@@ -1,5 +1,5 @@
-// Package cli implements moonji's command line: serve, mockllm, keys and
-// usage. Its flags and outputs are a public interface: scripts depend on them.
+// Package cli implements moonji's command line: serve, engine, mockllm, keys
+// and usage. Its flags and outputs are a public interface: scripts depend on them.
 package cli
 
 import (
@@ -14,6 +14,8 @@ const usageText = `Moonji: a gateway in front of LLM inference engines.
 Usage:
   moonji serve [--config FILE]                 run the server
   moonji mockllm [--listen ADDR]               run a stand-alone fake OpenAI-compatible engine
+  moonji engine [--listen ADDR]                serve the config's models to gateways (ws://ADDR/engine;
+                                               default 127.0.0.1:9300; engine.token or MOONJI_ENGINE_TOKEN)
   moonji keys create --owner EMAIL --name NAME [--expires DURATION] [--rpm N]
                                                issue an API key (printed once, alone on stdout)
   moonji keys list                             list keys
@@ -46,6 +48,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdServe(ctx, args[1:], stderr)
 	case "mockllm":
 		return cmdMockLLM(ctx, args[1:], stdout)
+	case "engine":
+		return cmdEngine(ctx, args[1:], stderr)
 	case "keys":
 		return cmdKeys(ctx, args[1:], stdout)
 	case "usage":

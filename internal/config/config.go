@@ -69,6 +69,16 @@ type Config struct {
 	CORS           CORS     `yaml:"cors"`
 	Keys           Keys     `yaml:"keys"`
 	Chat           Chat     `yaml:"chat"`
+	// Engine configures `moonji engine`; the gateway ignores it.
+	Engine Engine `yaml:"engine"`
+}
+
+// Engine configures `moonji engine`, which serves this file's models to
+// gateways over the engine protocol (docs/engine-protocol.md).
+type Engine struct {
+	// Token, when set, is the shared secret a gateway must send as
+	// `Authorization: Bearer <token>` to connect (also MOONJI_ENGINE_TOKEN).
+	Token string `yaml:"token"`
 }
 
 // Chat configures the browser chat.
@@ -245,6 +255,9 @@ func (c *Config) applyEnv() {
 	}
 	if v := os.Getenv("MOONJI_PUBLIC_URL"); v != "" {
 		c.PublicURL = v
+	}
+	if v := os.Getenv("MOONJI_ENGINE_TOKEN"); v != "" {
+		c.Engine.Token = v
 	}
 }
 

@@ -150,3 +150,24 @@ func yamlKeys(t reflect.Type) []string {
 	}
 	return keys
 }
+
+// engine.token comes from the file, and MOONJI_ENGINE_TOKEN overrides it.
+func TestEngineToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	os.WriteFile(path, []byte("engine: {token: from-file}\n"), 0o600)
+	t.Setenv("MOONJI_ENGINE_TOKEN", "")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Engine.Token != "from-file" {
+		t.Errorf("engine.token = %q, want from-file", c.Engine.Token)
+	}
+	t.Setenv("MOONJI_ENGINE_TOKEN", "from-env")
+	if c, err = Load(path); err != nil {
+		t.Fatal(err)
+	}
+	if c.Engine.Token != "from-env" {
+		t.Errorf("with MOONJI_ENGINE_TOKEN: engine.token = %q, want from-env", c.Engine.Token)
+	}
+}

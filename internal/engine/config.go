@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"moonji/internal/config"
+	"moonji/internal/mockllm"
+	"moonji/internal/proxy"
+)
+
+// ModelsFromConfig maps a configuration's models to their upstreams, the
+// way `moonji serve` does: an openai backend is called at its url, a builtin
+// one is the demo engine (internal/mockllm) served in-process on a loopback
+// port of its own. stop shuts the builtin engines down; call it after the
+// Server's Shutdown.
+func ModelsFromConfig(cfg *config.Config, log *slog.Logger) (models []Model, stop func(), err error) {
+	var servers []*http.Server
+	stop = func() {
+		for _, srv := range servers {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = srv.Shutdown(ctx)
+			cancel()
+		}
+	}
+	upstreams := map[string]proxy.Upstream{}
+	timeouts := map[string]time.Duration{}
+	for _, b := range cfg.Backends {
+		up := proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}
+		if b.Kind == config.KindBuiltin {
+			srv, url, err := startBuiltin(cfg, b, log)
+			if err != nil {
+				stop()
+				return nil, nil, err
+			}
+			servers = append(servers, srv)
+			up.BaseURL = url
+		}
+		upstreams[b.Name], timeouts[b.Name] = up, b.Timeout
+	}
+	for _, m := range cfg.Models {
+		up, ok := upstreams[m.Backend]
+		if !ok {
+			stop()
+			return nil, nil, fmt.Errorf("model %s: unknown backend %q", m.Name, m.Backend)
+		}
+		models = append(models, Model{Name: m.Name, UpstreamModel: m.UpstreamModel, Upstream: up, Timeout: timeouts[m.Backend]})
+	}
+	return models, stop, nil
+}
+
+// startBuiltin serves the demo engine for backend b on a loopback port. It
+// mirrors web's startBuiltin (the gateway's own in-process engine), so a
+// builtin model answers the same through either.
+func startBuiltin(cfg *config.Config, b config.Backend, log *slog.Logger) (*http.Server, string, error) {
+	var served []string
+	for _, m := range cfg.Models {
+		if m.Backend == b.Name {
+			served = append(served, m.Name)
+			if m.UpstreamModel != "" {
+				served = append(served, m.UpstreamModel)
+			}
+		}
+	}
+	o := mockllm.DemoOptions()
+	o.Models = served
+	o.TokensPerSecond = b.TokensPerSecond
+	o.Logger = log.With("backend", b.Name)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", fmt.Errorf("start builtin backend %s: %w", b.Name, err)
+	}
+	srv := &http.Server{Handler: mockllm.New(o), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("builtin backend stopped", "backend", b.Name, "err", err)
+		}
+	}()
+	return srv, "http://" + ln.Addr().String() + "/v1", nil
+}
