@@ -20,7 +20,7 @@ export default defineConfig({
         '--disable-sync', '--no-first-run', '--disable-quic'],
     },
   },
-  webServer: {
+  webServer: [{
     command: 'rm -rf e2e/.tmp && mkdir -p e2e/.tmp && exec bin/moonji serve --config e2e/moonji.e2e.yaml',
     url: `${baseURL}/healthz`,
     reuseExistingServer: false,
@@ -31,5 +31,13 @@ export default defineConfig({
       MOONJI_LISTEN: `127.0.0.1:${port}`,
       MOONJI_DEV_ADMIN_PASSWORD: 'e2e-admin-password',
     },
-  },
+  }, {
+    // The engine behind the gateway's `gpu` backend (model moonji-engine).
+    command: 'exec bin/moonji engine --listen 127.0.0.1:18093 --config e2e/engine.e2e.yaml',
+    port: 18093,
+    reuseExistingServer: false,
+    timeout: 60_000,
+    stdout: 'ignore',
+    stderr: 'pipe',
+  }],
 });

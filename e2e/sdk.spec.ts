@@ -13,7 +13,7 @@ test.describe('openai SDK against the gateway', () => {
 
   test('lists the configured models', async () => {
     const page = await client.models.list();
-    expect(page.data.map((m) => m.id)).toEqual(['moonji-demo', 'moonji-slow', 'moonji-down', 'moonji-queue']);
+    expect(page.data.map((m) => m.id)).toEqual(['moonji-demo', 'moonji-slow', 'moonji-down', 'moonji-queue', 'moonji-engine']);
   });
 
   test('streams with include_usage: content, then one usage chunk', async () => {
@@ -35,6 +35,29 @@ test.describe('openai SDK against the gateway', () => {
     expect(usageChunks).toBe(1);
     expect(usage?.completion_tokens).toBe(12);
     expect(usage?.prompt_tokens).toBeGreaterThan(0);
+  });
+
+  test('streams through an engine backend (moonji engine over one WebSocket) like through any other', async () => {
+    const stream = await client.chat.completions.create({
+      model: 'moonji-engine', stream: true, stream_options: { include_usage: true }, max_tokens: 9,
+      messages: [{ role: 'user', content: 'Tell me a story' }],
+    });
+    let text = '';
+    let usage: OpenAI.CompletionUsage | undefined | null;
+    let finish: string | null | undefined;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      text += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    expect(text.split(/\s+/).filter(Boolean).length).toBe(9);
+    expect(usage?.completion_tokens).toBe(9);
+    expect(finish).toBe('length');
+    const whole = await client.chat.completions.create({
+      model: 'moonji-engine', max_tokens: 4, messages: [{ role: 'user', content: 'Hi' }],
+    });
+    expect(whole.usage?.completion_tokens).toBe(4);
+    expect(whole.choices[0].message.content?.split(/\s+/).filter(Boolean).length).toBe(4);
   });
 
   test('streams without include_usage: the gateway strips the usage chunk it asked for', async () => {

@@ -90,14 +90,6 @@ func TestStreamRewritesOnlyModelAndStreamOptions(t *testing.T) {
 // byte, minus the usage chunk when the client did not ask for it.
 func TestRelayIsByteIdenticalToRecordedEngine(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
-	usageFrame := func(s string) string {
-		for _, f := range strings.SplitAfter(s, "\n\n") {
-			if strings.Contains(f, `"choices":[]`) {
-				return f
-			}
-		}
-		return ""
-	}
 	for _, c := range []struct {
 		file      string
 		wantUsage bool
@@ -143,6 +135,16 @@ func TestRelayIsByteIdenticalToRecordedEngine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// usageFrame is the usage chunk's frame of a recorded stream, "" if none.
+func usageFrame(s string) string {
+	for _, f := range strings.SplitAfter(s, "\n\n") {
+		if strings.Contains(f, `"choices":[]`) {
+			return f
+		}
+	}
+	return ""
 }
 
 func tail(s string) string {

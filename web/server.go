@@ -23,6 +23,7 @@ import (
 	"moonji/internal/apikey"
 	"moonji/internal/chat"
 	"moonji/internal/config"
+	"moonji/internal/enginelink"
 	"moonji/internal/gateway"
 	"moonji/internal/ledger"
 	"moonji/internal/markdown"
@@ -49,11 +50,13 @@ type Server struct {
 	log      *slog.Logger
 	keys     *apikey.Store
 	builtins []*http.Server
-	closers  []func()
-	ln       net.Listener
-	started  time.Time
-	bg       chan struct{} // closed to stop the replica loop
-	bgDone   chan struct{}
+	// links are the connections of engine backends.
+	links   []*enginelink.Link
+	closers []func()
+	ln      net.Listener
+	started time.Time
+	bg      chan struct{} // closed to stop the replica loop
+	bgDone  chan struct{}
 }
 
 // Heartbeats tell siblings this replica is alive; a replica silent for
@@ -295,12 +298,23 @@ func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend,
 				s.Metrics.Queued.WithLabelValues(name).Set(float64(queued))
 			},
 		})
-		if b.Kind == config.KindBuiltin {
+		switch b.Kind {
+		case config.KindBuiltin:
 			url, err := s.startBuiltin(cfg, b)
 			if err != nil {
 				return nil, err
 			}
 			gb.Upstream.BaseURL = url
+		case config.KindEngine:
+			// One link per engine backend per replica; it dials in the
+			// background, so a replica starts whether the engine is up or not.
+			link := enginelink.New(enginelink.Options{Name: b.Name, URL: b.URL, Token: b.APIKey,
+				QueueSize: b.Link.QueueSize, MessageTTL: b.Link.MessageTTL, PingInterval: b.Link.PingInterval,
+				Log: s.log.With("component", "enginelink")})
+			link.Start()
+			s.closers = append(s.closers, link.Close)
+			s.links = append(s.links, link)
+			gb.Link = link
 		}
 		out[b.Name] = gb
 	}

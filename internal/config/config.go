@@ -26,6 +26,7 @@ const DemoModel = "moonji-demo"
 const (
 	KindOpenAI  = "openai"  // any OpenAI-compatible server (vLLM, Ollama, llama.cpp, …)
 	KindBuiltin = "builtin" // the in-process demo engine
+	KindEngine  = "engine"  // a `moonji engine` behind one multiplexed WebSocket (docs/engine-protocol.md)
 )
 
 // Defaults of the top-level limits.
@@ -71,6 +72,20 @@ type Config struct {
 	Chat           Chat     `yaml:"chat"`
 	// Engine configures `moonji engine`; the gateway ignores it.
 	Engine Engine `yaml:"engine"`
+}
+
+// Link tunes the connection of an `engine` backend: the queue that holds
+// requests while the engine is away, and the heartbeat.
+type Link struct {
+	// QueueSize bounds the requests waiting for a connection (default 256);
+	// beyond it a request fails at once.
+	QueueSize int `yaml:"queue_size"`
+	// MessageTTL is how long a request may wait for a connection (default
+	// 10s); after it, it fails as engine_disconnected.
+	MessageTTL time.Duration `yaml:"message_ttl"`
+	// PingInterval is the heartbeat (default 5s): an engine silent for two
+	// intervals is dropped and redialled.
+	PingInterval time.Duration `yaml:"ping_interval"`
 }
 
 // Engine configures `moonji engine`, which serves this file's models to
@@ -130,6 +145,8 @@ type Backend struct {
 	Timeout        time.Duration `yaml:"timeout"`
 	// TokensPerSecond paces the builtin engine (ignored for openai backends).
 	TokensPerSecond float64 `yaml:"tokens_per_second"`
+	// Link tunes the WebSocket of an engine backend.
+	Link Link `yaml:"link"`
 
 	// maxQueueSet tells an explicit max_queue: 0 (no queue) from a missing
 	// one (the default).
@@ -313,6 +330,17 @@ func (c *Config) applyDefaults() {
 		if b.Kind == KindBuiltin && b.TokensPerSecond == 0 {
 			b.TokensPerSecond = 30
 		}
+		if b.Kind == KindEngine {
+			if b.Link.QueueSize == 0 {
+				b.Link.QueueSize = 256
+			}
+			if b.Link.MessageTTL == 0 {
+				b.Link.MessageTTL = 10 * time.Second
+			}
+			if b.Link.PingInterval == 0 {
+				b.Link.PingInterval = 5 * time.Second
+			}
+		}
 	}
 	if c.Stop.TTL == 0 {
 		c.Stop.TTL = 10 * time.Minute
@@ -412,8 +440,18 @@ func (c *Config) Validate() error {
 				bad(key+".url", "want an absolute http(s) URL such as http://127.0.0.1:8000/v1, got %q", b.URL)
 			}
 		case KindBuiltin:
+		case KindEngine:
+			u, err := url.Parse(b.URL)
+			if b.URL == "" {
+				bad(key+".url", "is required for kind %q", b.Kind)
+			} else if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+				bad(key+".url", "want an absolute ws(s) URL such as ws://127.0.0.1:9300/engine, got %q", b.URL)
+			}
+			if b.Link.QueueSize < 0 || b.Link.MessageTTL < 0 || b.Link.PingInterval < 0 {
+				bad(key+".link", "queue_size, message_ttl and ping_interval must not be negative")
+			}
 		default:
-			bad(key+".kind", "unknown kind %q (want %q or %q)", b.Kind, KindOpenAI, KindBuiltin)
+			bad(key+".kind", "unknown kind %q (want %q, %q or %q)", b.Kind, KindOpenAI, KindBuiltin, KindEngine)
 		}
 		if b.MaxConcurrency < 1 {
 			bad(key+".max_concurrency", "must be at least 1")
