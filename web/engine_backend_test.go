@@ -182,4 +182,16 @@ func TestEngineBackendLost(t *testing.T) {
 	if got := readAll(t, next.Body); next.StatusCode != http.StatusOK {
 		t.Fatalf("after the engine came back: %d %s", next.StatusCode, got)
 	}
+	// The metrics say it: connected again, after one reconnect.
+	resp, err := http.Get(e.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := readAll(t, resp.Body)
+	for _, want := range []string{`moonji_engine_connected{backend="e1"} 1`, `moonji_engine_reconnects_total{backend="e1"} 1`,
+		`moonji_engine_messages_dropped_total{backend="e1",reason="unknown_session"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }

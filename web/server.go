@@ -318,7 +318,24 @@ func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend,
 		}
 		out[b.Name] = gb
 	}
+	if len(s.links) > 0 {
+		s.Metrics.WatchEngineLinks(s.engineLinkStats)
+	}
 	return out, nil
+}
+
+// engineLinkStats is the engine backends' links for the metrics.
+func (s *Server) engineLinkStats() []metrics.EngineLink {
+	out := make([]metrics.EngineLink, len(s.links))
+	for i, l := range s.links {
+		st := l.Stats()
+		out[i] = metrics.EngineLink{Backend: l.Name(), Connected: st.Connected == 1, SessionsOpen: st.SessionsOpen,
+			Queued: st.Queued, Reconnects: st.Reconnects, Dropped: map[string]int64{
+				"unknown_session": st.DroppedUnknownSession, "expired": st.DroppedExpired, "queue_full": st.DroppedQueueFull,
+				"invalid": st.DroppedInvalid, "slow_reader": st.DroppedSlowReader,
+			}}
+	}
+	return out
 }
 
 // startBuiltin serves the demo engine on a loopback port of its own, so the

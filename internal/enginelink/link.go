@@ -311,3 +311,6 @@ func (l *Link) Stats() Stats {
 }
 
 var errNoModel = errors.New("model is missing")
+
+// Name is the engine backend's name.
+func (l *Link) Name() string { return l.opts.Name }
