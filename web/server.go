@@ -341,31 +341,12 @@ func (s *Server) engineLinkStats() []metrics.EngineLink {
 // startBuiltin serves the demo engine on a loopback port of its own, so the
 // gateway reaches it through exactly the path a real engine takes.
 func (s *Server) startBuiltin(cfg *config.Config, b config.Backend) (string, error) {
-	var served []string
-	for _, m := range cfg.Models {
-		if m.Backend == b.Name {
-			served = append(served, m.Name)
-			if m.UpstreamModel != "" {
-				served = append(served, m.UpstreamModel)
-			}
-		}
-	}
-	o := mockllm.DemoOptions()
-	o.Models = served
-	o.TokensPerSecond = b.TokensPerSecond
-	o.Logger = s.log.With("backend", b.Name)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, url, err := mockllm.ServeDemo(cfg.ServedBy(b.Name), b.TokensPerSecond, s.log.With("backend", b.Name))
 	if err != nil {
 		return "", fmt.Errorf("start builtin backend %s: %w", b.Name, err)
 	}
-	srv := &http.Server{Handler: mockllm.New(o), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("builtin backend stopped", "backend", b.Name, "err", err)
-		}
-	}()
 	s.builtins = append(s.builtins, srv)
-	return "http://" + ln.Addr().String() + "/v1", nil
+	return url, nil
 }
 
 // Listen opens the configured address (or addr, when not empty).

@@ -574,3 +574,18 @@ func redactURL(s string) string {
 	}
 	return u.Redacted()
 }
+
+// ServedBy lists the names an engine behind backend is asked for: the
+// public names of the models routed to it and their upstream names.
+func (c *Config) ServedBy(backend string) []string {
+	var served []string
+	for _, m := range c.Models {
+		if m.Backend == backend {
+			served = append(served, m.Name)
+			if m.UpstreamModel != "" {
+				served = append(served, m.UpstreamModel)
+			}
+		}
+	}
+	return served
+}

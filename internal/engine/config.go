@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -56,30 +54,11 @@ func ModelsFromConfig(cfg *config.Config, log *slog.Logger) (models []Model, sto
 
 // startBuiltin serves the demo engine for backend b on a loopback port. It
 // mirrors web's startBuiltin (the gateway's own in-process engine), so a
-// builtin model answers the same through either.
+// builtin model answers the same through either (both use mockllm.ServeDemo).
 func startBuiltin(cfg *config.Config, b config.Backend, log *slog.Logger) (*http.Server, string, error) {
-	var served []string
-	for _, m := range cfg.Models {
-		if m.Backend == b.Name {
-			served = append(served, m.Name)
-			if m.UpstreamModel != "" {
-				served = append(served, m.UpstreamModel)
-			}
-		}
-	}
-	o := mockllm.DemoOptions()
-	o.Models = served
-	o.TokensPerSecond = b.TokensPerSecond
-	o.Logger = log.With("backend", b.Name)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, url, err := mockllm.ServeDemo(cfg.ServedBy(b.Name), b.TokensPerSecond, log.With("backend", b.Name))
 	if err != nil {
 		return nil, "", fmt.Errorf("start builtin backend %s: %w", b.Name, err)
 	}
-	srv := &http.Server{Handler: mockllm.New(o), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("builtin backend stopped", "backend", b.Name, "err", err)
-		}
-	}()
-	return srv, "http://" + ln.Addr().String() + "/v1", nil
+	return srv, url, nil
 }
