@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
 
 	"moonji/internal/config"
 	"moonji/internal/engine"
@@ -58,6 +61,13 @@ func (l *trackedListener) cut() {
 
 func startEngineEnv(t *testing.T) *engineEnv {
 	t.Helper()
+	return startEngineEnvWith(t, 8)
+}
+
+// startEngineEnvWith is startEngineEnv with the engine backend's
+// max_concurrency.
+func startEngineEnvWith(t *testing.T, maxConcurrency int) *engineEnv {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, ReplayDir: fixtures, Logger: quiet})
 	ms := httptest.NewServer(mock)
@@ -73,7 +83,7 @@ func startEngineEnv(t *testing.T) *engineEnv {
 		DatabaseURL: "sqlite://" + t.TempDir() + "/moonji.db",
 		RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
 		Backends: []config.Backend{{Name: "e1", Kind: config.KindEngine, URL: "ws" + strings.TrimPrefix(es.URL, "http") + engine.Path,
-			APIKey: "engine-secret", MaxConcurrency: 8, MaxQueue: 8, QueueTimeout: 5 * time.Second,
+			APIKey: "engine-secret", MaxConcurrency: maxConcurrency, MaxQueue: 8, QueueTimeout: 5 * time.Second,
 			Link: config.Link{PingInterval: time.Second}}},
 		Models: []config.Model{{Name: "m1", Backend: "e1"}},
 	}
@@ -194,4 +204,64 @@ func TestEngineBackendLost(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// 200 streams at once, with distinct prompts, share the replica's one
+// connection to the engine: each client gets its own answer and nothing of
+// another's, and each leaves its own row.
+func TestEngineBackendManySessionsOneConnection(t *testing.T) {
+	e := startEngineEnvWith(t, 256)
+	const n = 200
+	type result struct {
+		i        int
+		id, body string
+		status   int
+	}
+	results := make(chan result, n)
+	for i := range n {
+		go func() {
+			body := fmt.Sprintf(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"%smarker-%03d says hello"}],"mock":{"tps":200}}`, mockllm.EchoPrefix, i)
+			resp := e.postWith(context.Background(), e.Key, body)
+			results <- result{i: i, id: resp.Header.Get("X-Inference-Id"), body: readAll(t, resp.Body), status: resp.StatusCode}
+		}()
+	}
+	for range n {
+		r := <-results
+		want := fmt.Sprintf("marker-%03d says hello", r.i)
+		if text := sseContent(r.body); r.status != http.StatusOK || text != want {
+			t.Fatalf("session %d: status %d, text %q, want %q", r.i, r.status, text, want)
+		}
+		if row := e.final(r.id); row.Outcome != models.OutcomeSuccess || row.Backend != "e1" {
+			t.Errorf("session %d: row %+v", r.i, row)
+		}
+	}
+	resp, err := http.Get(e.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One connection throughout, and nothing lost. (A chat.done that
+	// arrives after the relay has read [DONE] and closed the body finds its
+	// session gone: dropped as unknown_session, as a late reply must be.)
+	m := readAll(t, resp.Body)
+	for _, want := range []string{`moonji_engine_reconnects_total{backend="e1"} 0`,
+		`moonji_engine_messages_dropped_total{backend="e1",reason="expired"} 0`,
+		`moonji_engine_messages_dropped_total{backend="e1",reason="slow_reader"} 0`,
+		`moonji_engine_messages_dropped_total{backend="e1",reason="invalid"} 0`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// sseContent is the content a chat stream's chunks add up to.
+func sseContent(sse string) string {
+	var b strings.Builder
+	for _, frame := range strings.Split(sse, "\n\n") {
+		data, ok := strings.CutPrefix(frame, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		b.WriteString(gjson.Get(data, "choices.0.delta.content").Str)
+	}
+	return b.String()
 }
