@@ -67,8 +67,14 @@ func (c *conn) serve() {
 		defer close(writerDone)
 		c.writer()
 	}()
+	pingerDone := make(chan struct{})
+	go func() {
+		defer close(pingerDone)
+		c.pinger()
+	}()
 	err := c.readLoop()
 	c.cancel()
+	<-pingerDone
 	c.mu.Lock()
 	freed := len(c.sessions)
 	for id, s := range c.sessions {
@@ -80,6 +86,32 @@ func (c *conn) serve() {
 	<-writerDone
 	_ = c.ws.CloseNow()
 	c.log.Info("engine connection closed", "sessions_freed", freed, "reason", closeReason(err))
+}
+
+// pinger pings the gateway every PingInterval; one that has not answered
+// within two intervals is closed, which ends the read loop and frees every
+// session of the connection. (Pongs are read by the read loop.)
+func (c *conn) pinger() {
+	every := c.srv.opts.PingInterval
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, 2*every)
+		err := c.ws.Ping(ctx)
+		cancel()
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.log.Warn("gateway silent for two ping intervals: closing its connection", "err", err)
+				_ = c.ws.CloseNow()
+			}
+			return
+		}
+	}
 }
 
 // closeReason words why the read loop ended, for the log.

@@ -3,12 +3,14 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"moonji/internal/engine"
 	"moonji/internal/enginelink/protocol"
 	"moonji/internal/mockllm"
 )
@@ -134,5 +136,38 @@ func TestGracefulShutdown(t *testing.T) {
 	defer cancel()
 	if _, resp, err := websocket.Dial(ctx, e.url, &websocket.DialOptions{Subprotocols: []string{protocol.Subprotocol(1)}}); err == nil || resp == nil || resp.StatusCode != 503 {
 		t.Fatalf("a connection after shutdown: %v %v", resp, err)
+	}
+}
+
+// A gateway that stops answering pings (its host died, a NAT forgot the
+// connection) is dropped by the engine's own heartbeat: its sessions are
+// freed and their upstream requests cancelled, without waiting for TCP.
+func TestSilentGatewayIsDropped(t *testing.T) {
+	e := startEnv(t, func(o *engine.Options) { o.PingInterval = 100 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	// Dialled by hand and never read: coder/websocket answers a ping only
+	// from inside a read, so this gateway is silent.
+	ws, _, err := websocket.Dial(ctx, e.url, &websocket.DialOptions{
+		Subprotocols: []string{protocol.Subprotocol(protocol.Version)},
+		HTTPClient:   &http.Client{Transport: &http.Transport{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	send := func(typ string, payload any) {
+		env := must(protocol.New("g-"+typ, typ, "silent", payload))
+		if err := ws.Write(ctx, websocket.MessageText, must(protocol.Encode(env))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(protocol.TypeSessionOpen, protocol.SessionOpen{Model: "m1"})
+	send(protocol.TypeChatRequest, protocol.ChatRequest{Body: chatBody("m1", true, map[string]any{"tag": "silent", "hang": true})})
+	if _, err := e.mock.WaitFor(ctx, "silent", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mock.WaitFor(ctx, "silent", func(r mockllm.Record) bool { return r.Cancelled }); err != nil {
+		t.Fatalf("the silent gateway's session was not freed: %v", err)
 	}
 }

@@ -66,6 +66,11 @@ type Options struct {
 	// MaxSessions bounds the live sessions of one connection (default
 	// 10,000); more are refused with chat.error 503.
 	MaxSessions int
+	// PingInterval is the engine's own heartbeat (default 5 s): a gateway
+	// that answers no ping for two intervals is gone — its host died, or a
+	// NAT forgot the connection — and its connection is closed, freeing its
+	// sessions, instead of waiting for TCP to notice.
+	PingInterval time.Duration
 }
 
 // Server accepts gateways' WebSockets; it is an http.Handler.
@@ -97,6 +102,9 @@ func New(o Options) *Server {
 	}
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = 10_000
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 5 * time.Second
 	}
 	s := &Server{opts: o, models: map[string]Model{}, client: o.Client, log: o.Logger,
 		conns: map[*conn]struct{}{}, idle: make(chan struct{})}
