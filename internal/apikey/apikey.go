@@ -235,17 +235,7 @@ func (s *Store) drop(hash string) {
 // (or changing it) in the database, so that this process stops accepting
 // it immediately rather than within the cache's TTL. A nil Store is a no-op.
 func (s *Store) Forget(id uint) {
-	if s == nil {
-		return
-	}
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	s.gen++
-	for h, c := range s.cache {
-		if c.key.ID == id {
-			delete(s.cache, h)
-		}
-	}
+	s.forget(func(k *models.APIKey) bool { return k.ID == id })
 }
 
 // ForgetUser drops every key of user userID from the cache at once. Call it
@@ -254,6 +244,12 @@ func (s *Store) Forget(id uint) {
 // same when their cached copies expire, within CacheTTL. A nil Store is a
 // no-op.
 func (s *Store) ForgetUser(userID uint) {
+	s.forget(func(k *models.APIKey) bool { return k.UserID == userID })
+}
+
+// forget drops the cached keys that match, and makes look-ups begun before
+// it uncacheable (they may have read the row before the change).
+func (s *Store) forget(match func(*models.APIKey) bool) {
 	if s == nil {
 		return
 	}
@@ -261,7 +257,7 @@ func (s *Store) ForgetUser(userID uint) {
 	defer s.cmu.Unlock()
 	s.gen++
 	for h, c := range s.cache {
-		if c.key.UserID == userID {
+		if match(&c.key) {
 			delete(s.cache, h)
 		}
 	}
