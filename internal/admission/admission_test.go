@@ -74,8 +74,19 @@ func TestFIFOUnderLoad(t *testing.T) {
 		}()
 		// Acquirer i has arrived once the gate (or the rejection count)
 		// shows it; only then does i+1 start, so arrival order is defined.
+		// One that got a slot at once must also have recorded itself:
+		// the gate counts it in flight before its goroutine appends to
+		// served, and the next acquirer could otherwise record first.
 		waitFor(t, "arrival", func() bool {
-			return g.InFlight()+g.Queued()+int(rejected.Load()) == before+1
+			if g.InFlight()+g.Queued()+int(rejected.Load()) != before+1 {
+				return false
+			}
+			if i >= maxC {
+				return true
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return len(served) == i+1
 		})
 	}
 
