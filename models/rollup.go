@@ -226,9 +226,10 @@ func (r *Rollup) Add(u *Usage) {
 
 // reachedAdmission reports whether a request got to the backend's queue, so
 // that its queue wait means something: everything but requests refused
-// before it (bad key, bad body, rate limit, full queue).
+// before it (bad key, bad body, rate limit, full queue). An engine backend's
+// engine_unavailable refusal comes after its slot was granted.
 func reachedAdmission(u *Usage) bool {
-	return u.Outcome != OutcomeRejected || u.Reason == "queue_timeout"
+	return u.Outcome != OutcomeRejected || u.Reason == "queue_timeout" || u.Reason == "engine_unavailable"
 }
 
 func addSums(table string, key ...string) clause.OnConflict {

@@ -27,12 +27,22 @@ import (
 // front of the mock engine.
 type engineEnv struct {
 	*testEnv
-	conns *trackedListener // the engine's connections, to cut them
+	engine *engineProc
+}
+
+// engineProc is a `moonji engine` that a test can kill and start again on
+// the same address, as a crashed and restarted process would be.
+type engineProc struct {
+	t        testing.TB
+	addr     string // fixed after the first start
+	upstream string // the mock engine's /v1 URL
+	srv      *http.Server
+	conns    *trackedListener
 }
 
 // trackedListener remembers the connections it accepts, so that a test can
 // cut them: a WebSocket is hijacked, and http.Server forgets hijacked
-// connections (CloseClientConnections does not reach them).
+// connections (Close does not reach them).
 type trackedListener struct {
 	net.Listener
 	mu    sync.Mutex
@@ -59,6 +69,45 @@ func (l *trackedListener) cut() {
 	l.conns = nil
 }
 
+// startEngineProc starts an engine serving m1 from upstream.
+func startEngineProc(t testing.TB, upstream string) *engineProc {
+	t.Helper()
+	p := &engineProc{t: t, addr: "127.0.0.1:0", upstream: upstream}
+	p.start()
+	t.Cleanup(p.kill)
+	return p
+}
+
+// start listens on the engine's address (a fresh one the first time) and
+// serves a new engine.Server: nothing of the previous one survives.
+func (p *engineProc) start() {
+	p.t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("engine listen: %v", err)
+	}
+	p.addr = ln.Addr().String()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := engine.New(engine.Options{Token: "engine-secret", Logger: quiet, PingInterval: time.Second,
+		Models: []engine.Model{{Name: "m1", Upstream: proxy.Upstream{Name: "mock", BaseURL: p.upstream}}}})
+	p.conns = &trackedListener{Listener: ln}
+	p.srv = &http.Server{Handler: eng}
+	go p.srv.Serve(p.conns)
+}
+
+// kill stops the engine at once: no goaway, its connections cut.
+func (p *engineProc) kill() {
+	if p.srv == nil {
+		return
+	}
+	p.srv.Close()
+	p.conns.cut()
+	p.srv = nil
+}
+
+// url is the engine's WebSocket URL.
+func (p *engineProc) url() string { return "ws://" + p.addr + engine.Path }
+
 func startEngineEnv(t *testing.T) *engineEnv {
 	t.Helper()
 	return startEngineEnvWith(t, 8)
@@ -66,28 +115,41 @@ func startEngineEnv(t *testing.T) *engineEnv {
 
 // startEngineEnvWith is startEngineEnv with the engine backend's
 // max_concurrency.
-func startEngineEnvWith(t *testing.T, maxConcurrency int) *engineEnv {
+func startEngineEnvWith(t *testing.T, maxConcurrency int, opts ...envOption) *engineEnv {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, ReplayDir: fixtures, Logger: quiet})
 	ms := httptest.NewServer(mock)
 	t.Cleanup(ms.Close)
-	eng := engine.New(engine.Options{Token: "engine-secret", Logger: quiet,
-		Models: []engine.Model{{Name: "m1", Upstream: proxy.Upstream{Name: "mock", BaseURL: ms.URL + "/v1"}}}})
-	es := httptest.NewUnstartedServer(eng)
-	tl := &trackedListener{Listener: es.Listener}
-	es.Listener = tl
-	es.Start()
-	t.Cleanup(es.Close)
+	p := startEngineProc(t, ms.URL+"/v1")
 	cfg := &config.Config{
 		DatabaseURL: "sqlite://" + t.TempDir() + "/moonji.db",
 		RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
-		Backends: []config.Backend{{Name: "e1", Kind: config.KindEngine, URL: "ws" + strings.TrimPrefix(es.URL, "http") + engine.Path,
+		Backends: []config.Backend{{Name: "e1", Kind: config.KindEngine, URL: p.url(),
 			APIKey: "engine-secret", MaxConcurrency: maxConcurrency, MaxQueue: 8, QueueTimeout: 5 * time.Second,
 			Link: config.Link{PingInterval: time.Second}}},
 		Models: []config.Model{{Name: "m1", Backend: "e1"}},
 	}
-	return &engineEnv{testEnv: startWithConfig(t, cfg, mock, ms.URL), conns: tl}
+	for _, o := range opts {
+		o(cfg)
+	}
+	return &engineEnv{testEnv: startWithConfig(t, cfg, mock, ms.URL), engine: p}
+}
+
+// withEngineBackend turns a configuration's first backend (an openai one
+// in front of the mock) into an engine backend: one engine, started at the
+// first call, in front of the same mock, shared by every replica that uses
+// the option.
+func withEngineBackend(t *testing.T) envOption {
+	var p *engineProc
+	return func(cfg *config.Config) {
+		b := &cfg.Backends[0]
+		if p == nil {
+			p = startEngineProc(t, b.URL)
+		}
+		b.Kind, b.URL, b.APIKey = config.KindEngine, p.url(), "engine-secret"
+		b.Link = config.Link{PingInterval: time.Second}
+	}
 }
 
 // Through an engine backend a stream reaches the client byte for byte as
@@ -170,7 +232,7 @@ func TestEngineBackendLost(t *testing.T) {
 	if _, err := e.Mock.WaitFor(ctxTimeout(t, 10*time.Second), "lost", func(r mockllm.Record) bool { return r.ChunksSent >= 2 }); err != nil {
 		t.Fatal(err)
 	}
-	e.conns.cut() // the engine's side of the WebSocket drops
+	e.engine.conns.cut() // the engine's side of the WebSocket drops
 	body := readAll(t, resp.Body)
 	if !strings.Contains(body, "engine_disconnected") {
 		t.Errorf("the client was not told: %q", tail(body))
@@ -264,4 +326,145 @@ func sseContent(sse string) string {
 		b.WriteString(gjson.Get(data, "choices.0.delta.content").Str)
 	}
 	return b.String()
+}
+
+// An engine process that dies and comes back: the stream it was serving
+// fails as engine_disconnected; requests made while it is down wait in the
+// link's queue and are served, in order, when it is back within their TTL;
+// one past the queue's bound is refused at once, and one that outwaits its
+// TTL fails — both as engine_unavailable. Every request leaves exactly one
+// row saying which, and no slot or session is left behind.
+func TestEngineRestartWithQueuedRequests(t *testing.T) {
+	e := startEngineEnvWith(t, 8, func(cfg *config.Config) {
+		cfg.Backends[0].Link.QueueSize = 2
+		cfg.Backends[0].Link.MessageTTL = 3 * time.Second
+	})
+	ids := map[string]string{} // what each request should have left, by its id
+	engineGauge := func(name string) float64 { return metricValue(t, e.testEnv, name, `backend="e1"`) }
+
+	// A stream is running when the engine dies.
+	running := e.post(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}],"mock":{"tag":"running","tps":20,"tokens":400}}`)
+	if _, err := e.Mock.WaitFor(ctxTimeout(t, 10*time.Second), "running", func(r mockllm.Record) bool { return r.ChunksSent >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	e.engine.kill()
+	if body := readAll(t, running.Body); !strings.Contains(body, "engine_disconnected") {
+		t.Errorf("the running stream was not told: %q", tail(body))
+	}
+	ids[running.Header.Get("X-Inference-Id")] = "error/engine_disconnected"
+	waitFor(t, "the link to notice", 5*time.Second, func() bool { return engineGauge("moonji_engine_connected") == 0 })
+
+	// Down: two requests queue (the link's queue_size), a third is refused.
+	type answer struct {
+		id, body string
+		status   int
+	}
+	queued := make(chan answer, 2)
+	for i, body := range []string{
+		fmt.Sprintf(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"%squeued stream"}],"mock":{"tps":200}}`, mockllm.EchoPrefix),
+		`{"model":"m1","messages":[{"role":"user","content":"queued whole"}],"mock":{"tokens":5}}`,
+	} {
+		go func() {
+			resp := e.post(body)
+			queued <- answer{resp.Header.Get("X-Inference-Id"), readAll(t, resp.Body), resp.StatusCode}
+		}()
+		waitFor(t, fmt.Sprintf("request %d to queue", i+1), 5*time.Second, func() bool {
+			return engineGauge("moonji_engine_queued_messages") == float64(i+1)
+		})
+	}
+	full := e.post(`{"model":"m1","messages":[{"role":"user","content":"one too many"}]}`)
+	if body := readAll(t, full.Body); full.StatusCode != http.StatusServiceUnavailable ||
+		!strings.Contains(body, `"code":"engine_unavailable"`) || full.Header.Get("Retry-After") == "" {
+		t.Errorf("past the queue: %d %s (Retry-After %q)", full.StatusCode, body, full.Header.Get("Retry-After"))
+	}
+	ids[full.Header.Get("X-Inference-Id")] = "rejected/engine_unavailable"
+
+	// Back within the TTL: both queued requests are served.
+	e.engine.start()
+	for range 2 {
+		a := <-queued
+		if a.status != http.StatusOK {
+			t.Fatalf("a queued request after the restart: %d %s", a.status, a.body)
+		}
+		if strings.HasPrefix(a.body, "data: ") && (sseContent(a.body) != "queued stream" || !strings.HasSuffix(a.body, "data: [DONE]\n\n")) {
+			t.Errorf("the queued stream: %q", tail(a.body))
+		}
+		ids[a.id] = "success/"
+	}
+
+	// Down again, for longer than the TTL: the queued request fails.
+	waitFor(t, "the link to be back", 10*time.Second, func() bool { return engineGauge("moonji_engine_connected") == 1 })
+	e.engine.kill()
+	waitFor(t, "the link to notice", 5*time.Second, func() bool { return engineGauge("moonji_engine_connected") == 0 })
+	began := time.Now()
+	late := e.post(`{"model":"m1","messages":[{"role":"user","content":"too late"}]}`)
+	waited := time.Since(began)
+	if body := readAll(t, late.Body); late.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"engine_unavailable"`) {
+		t.Errorf("past the TTL: %d %s", late.StatusCode, body)
+	}
+	if waited < 3*time.Second || waited > 6*time.Second {
+		t.Errorf("the expired request was answered after %v; its TTL is 3s", waited)
+	}
+	ids[late.Header.Get("X-Inference-Id")] = "rejected/engine_unavailable"
+
+	// The engine is back: served again; nothing left held.
+	e.engine.start()
+	waitFor(t, "the link to be back", 15*time.Second, func() bool { return engineGauge("moonji_engine_connected") == 1 })
+	again := e.post(`{"model":"m1","messages":[{"role":"user","content":"again"}],"mock":{"tokens":3}}`)
+	if body := readAll(t, again.Body); again.StatusCode != http.StatusOK {
+		t.Fatalf("after the second restart: %d %s", again.StatusCode, body)
+	}
+	ids[again.Header.Get("X-Inference-Id")] = "success/"
+
+	for id, want := range ids {
+		row := e.final(id)
+		if got := string(row.Outcome) + "/" + row.Reason; got != want {
+			t.Errorf("row %s: %s, want %s", id, got, want)
+		}
+	}
+	if n := e.countRows(); n != int64(len(ids)) {
+		t.Errorf("%d rows for %d requests", n, len(ids))
+	}
+	waitFor(t, "no slot or session held", 5*time.Second, func() bool {
+		for _, b := range e.srv.Gateway.Backends() {
+			if b.Name == "e1" && (b.InFlight != 0 || b.Queued != 0) {
+				return false
+			}
+		}
+		return engineGauge("moonji_engine_sessions") == 0 && engineGauge("moonji_engine_queued_messages") == 0
+	})
+	for reason, want := range map[string]float64{"queue_full": 1, "expired": 1} {
+		if got := metricValue(t, e.testEnv, "moonji_engine_messages_dropped_total", `backend="e1",reason="`+reason+`"`); got != want {
+			t.Errorf("dropped %s = %v, want %v", reason, got, want)
+		}
+	}
+	if got := metricValue(t, e.testEnv, "moonji_rejections_total", `reason="engine_unavailable"`); got != 2 {
+		t.Errorf("rejections engine_unavailable = %v, want 2", got)
+	}
+}
+
+// A Stop sent to another replica reaches the engine backend's stream on
+// the replica that owns it, and through the engine its upstream request.
+func TestEngineBackendStopFromAnotherReplica(t *testing.T) {
+	c := startCluster(t, 2, false, withEngineBackend(t))
+	a, b := c.replicas[0], c.replicas[1]
+	s := startStream(t, a, a.Key, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tag":"far","tps":50,"tokens":1000}}`)
+	waitContent(t, s, 3)
+	ans := cancelVia(t, b, b.Key, s.id)
+	if ans.status != http.StatusOK || ans.body["state"] != "stopped" || ans.body["acknowledged"] != true {
+		t.Fatalf("stop through B: %d %v", ans.status, ans.body)
+	}
+	body := s.wait(t)
+	if !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Errorf("the stopped stream does not end cleanly: %q", tail(body))
+	}
+	if n := s.contentAfter(ans.at); n != 0 {
+		t.Errorf("%d content chunks reached the client after the stop's 200", n)
+	}
+	if _, err := c.mock.WaitFor(ctxTimeout(t, 10*time.Second), "far", func(r mockllm.Record) bool { return r.Cancelled }); err != nil {
+		t.Fatalf("the engine's upstream request was not cancelled: %v", err)
+	}
+	if row := a.final(s.id); row.Outcome != models.OutcomeStopped || row.Backend != "mock" {
+		t.Errorf("row = %+v", row)
+	}
 }

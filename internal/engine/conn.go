@@ -88,9 +88,10 @@ func (c *conn) serve() {
 	c.log.Info("engine connection closed", "sessions_freed", freed, "reason", closeReason(err))
 }
 
-// pinger pings the gateway every PingInterval; one that has not answered
-// within two intervals is closed, which ends the read loop and frees every
-// session of the connection. (Pongs are read by the read loop.)
+// pinger pings the gateway every PingInterval and closes a connection whose
+// ping goes unanswered for one interval: a gateway heard from last at a pong
+// is closed at most two intervals later, which ends the read loop and frees
+// every session of the connection. (Pongs are read by the read loop.)
 func (c *conn) pinger() {
 	every := c.srv.opts.PingInterval
 	t := time.NewTicker(every)
@@ -101,12 +102,12 @@ func (c *conn) pinger() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, 2*every)
+		ctx, cancel := context.WithTimeout(c.ctx, every)
 		err := c.ws.Ping(ctx)
 		cancel()
 		if err != nil {
 			if c.ctx.Err() == nil {
-				c.log.Warn("gateway silent for two ping intervals: closing its connection", "err", err)
+				c.log.Warn("gateway silent: no pong for two ping intervals, closing its connection", "err", err)
 				_ = c.ws.CloseNow()
 			}
 			return

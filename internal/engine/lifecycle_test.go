@@ -143,7 +143,8 @@ func TestGracefulShutdown(t *testing.T) {
 // connection) is dropped by the engine's own heartbeat: its sessions are
 // freed and their upstream requests cancelled, without waiting for TCP.
 func TestSilentGatewayIsDropped(t *testing.T) {
-	e := startEnv(t, func(o *engine.Options) { o.PingInterval = 100 * time.Millisecond })
+	const every = 400 * time.Millisecond
+	e := startEnv(t, func(o *engine.Options) { o.PingInterval = every })
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	// Dialled by hand and never read: coder/websocket answers a ping only
@@ -155,6 +156,7 @@ func TestSilentGatewayIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dialled := time.Now()
 	defer ws.CloseNow()
 	send := func(typ string, payload any) {
 		env := must(protocol.New("g-"+typ, typ, "silent", payload))
@@ -169,5 +171,13 @@ func TestSilentGatewayIsDropped(t *testing.T) {
 	}
 	if _, err := e.mock.WaitFor(ctx, "silent", func(r mockllm.Record) bool { return r.Cancelled }); err != nil {
 		t.Fatalf("the silent gateway's session was not freed: %v", err)
+	}
+	// Heard from last at its handshake, it is dropped within two ping
+	// intervals (a quarter more for a busy machine; a ping timeout of two
+	// intervals would take three).
+	silent := time.Since(dialled)
+	t.Logf("silent gateway dropped after %v (ping interval %v)", silent, every)
+	if silent > 2*every+every/4 {
+		t.Errorf("the silent gateway was dropped after %v, more than two ping intervals (%v)", silent, 2*every)
 	}
 }

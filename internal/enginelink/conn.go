@@ -81,8 +81,10 @@ func (c *conn) writeLoop() {
 	}
 }
 
-// pingLoop closes a connection whose peer leaves a ping unanswered for two
-// intervals; the read loop then ends and the connector redials.
+// pingLoop pings every interval and closes a connection whose peer leaves a
+// ping unanswered for one: a peer heard from last at a pong is thus closed
+// at most two intervals later. The read loop then ends and the connector
+// redials.
 func (c *conn) pingLoop() {
 	every := c.l.opts.PingInterval
 	for {
@@ -93,12 +95,12 @@ func (c *conn) pingLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, 2*every)
+		ctx, cancel := context.WithTimeout(c.ctx, every)
 		err := c.ws.Ping(ctx)
 		cancel()
 		if err != nil {
 			if c.ctx.Err() == nil {
-				c.l.log.Warn("engine silent: no pong within two ping intervals, closing", "interval", every, "err", err)
+				c.l.log.Warn("engine silent: no pong for two ping intervals, closing", "interval", every, "err", err)
 			}
 			c.ws.CloseNow()
 			return

@@ -9,18 +9,19 @@ import (
 )
 
 // Why a session ends without its answer. The texts start with the reason
-// code a ledger row or a log would carry; the two engine_disconnected ones
-// wrap proxy.ErrEngineDisconnected, which the gateway records as such.
+// code a ledger row or a log would carry; those the gateway records by
+// reason wrap proxy.ErrEngineDisconnected (the request was sent and lost)
+// or proxy.ErrEngineUnavailable (it was never sent).
 var (
 	// ErrDisconnected: the connection that carried the session's request
 	// closed before the answer ended.
 	ErrDisconnected = fmt.Errorf("%w: the connection to the engine closed", proxy.ErrEngineDisconnected)
 	// ErrExpired: the engine was not connected while the request waited in
 	// the queue, for longer than the message TTL.
-	ErrExpired = fmt.Errorf("%w: the request expired in the queue before the engine was reachable", proxy.ErrEngineDisconnected)
+	ErrExpired = fmt.Errorf("%w: the request expired in the queue before the engine was reachable", proxy.ErrEngineUnavailable)
 	// ErrQueueFull: the engine is not connected and the queue holds as many
 	// requests as it may.
-	ErrQueueFull = errors.New("engine_not_connected: the queue of waiting requests is full")
+	ErrQueueFull = fmt.Errorf("%w: the engine is not connected and the queue of waiting requests is full", proxy.ErrEngineUnavailable)
 	// ErrClosed: the link was closed (shutdown).
 	ErrClosed = errors.New("engine_link_closed: the link to the engine was closed")
 	// ErrSlowReader: the session's reader fell behind the engine by more

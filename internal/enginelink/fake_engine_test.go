@@ -33,7 +33,8 @@ type fakeEngine struct {
 	token        string   // required Bearer token, when set
 	subprotocols []string // what it accepts (default: v1)
 	down         atomic.Bool
-	silentFirst  bool // the first connection never reads (no pongs)
+	silentFirst  bool         // the first connection never reads (no pongs)
+	silentSince  atomic.Int64 // when that connection was accepted, in Unix nanoseconds
 
 	got   chan protocol.Envelope
 	quit  chan struct{}
@@ -120,6 +121,7 @@ func (e *fakeEngine) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 	n := e.conns.Add(1)
 	if e.silentFirst && n == 1 {
+		e.silentSince.Store(time.Now().UnixNano())
 		<-e.quit // never reads: pings go unanswered
 		ws.CloseNow()
 		return

@@ -232,7 +232,7 @@ func TestQueuedRequestExpires(t *testing.T) {
 	l, _ := newLink(t, e, Options{MessageTTL: 200 * time.Millisecond})
 	_, err := l.ChatCompletions(context.Background(), "late", "qwen", body(fakeBody{}))
 	var ue *proxy.UpstreamError
-	if !errors.Is(err, ErrExpired) || !errors.Is(err, proxy.ErrEngineDisconnected) || !strings.Contains(err.Error(), "engine_disconnected") || !errors.As(err, &ue) || ue.Status != 503 {
+	if !errors.Is(err, ErrExpired) || !errors.Is(err, proxy.ErrEngineUnavailable) || !strings.Contains(err.Error(), "engine_unavailable") || !errors.As(err, &ue) || ue.Status != 503 {
 		t.Fatalf("err %v", err)
 	}
 	if s := l.Stats(); s.DroppedExpired != 1 || s.Connected != 0 {
@@ -254,8 +254,10 @@ func TestQueueFull(t *testing.T) {
 		}()
 	}
 	eventually(t, "two queued requests", func() bool { return l.Stats().Queued == 2 })
-	if _, err := l.ChatCompletions(context.Background(), "q-full", "qwen", body(fakeBody{})); !errors.Is(err, ErrQueueFull) {
-		t.Fatalf("third request: %v", err)
+	var ue *proxy.UpstreamError
+	if _, err := l.ChatCompletions(context.Background(), "q-full", "qwen", body(fakeBody{})); !errors.Is(err, ErrQueueFull) ||
+		!errors.Is(err, proxy.ErrEngineUnavailable) || !errors.As(err, &ue) || ue.Status != 503 {
+		t.Fatalf("third request: %v, want a 503 engine_unavailable", err)
 	}
 	if l.Stats().DroppedQueueFull != 1 || !strings.Contains(logs.String(), "engine not connected") {
 		t.Errorf("stats %+v, logs %s", l.Stats(), logs)
@@ -382,11 +384,24 @@ func TestGoAway(t *testing.T) {
 	routerEmpty(t, l)
 }
 
-// A peer that stops answering pings is closed and redialled.
+// A peer that stops answering pings is closed within two ping intervals
+// of the last thing heard from it (here: its handshake), and redialled.
 func TestHeartbeatRedials(t *testing.T) {
+	const every = 400 * time.Millisecond
 	e := newFakeEngine(t)
 	e.silentFirst = true
-	l, logs := newLink(t, e, Options{PingInterval: 50 * time.Millisecond})
+	l, logs := newLink(t, e, Options{PingInterval: every})
+	eventually(t, "the silent connection", func() bool { return l.Stats().Connected == 1 })
+	for l.Stats().Connected == 1 {
+		time.Sleep(time.Millisecond)
+	}
+	// The bound is two intervals; a quarter more is room for a busy
+	// machine, and less than the three a ping timeout of two would take.
+	silent := time.Since(time.Unix(0, e.silentSince.Load()))
+	t.Logf("silent peer closed after %v (ping interval %v)", silent, every)
+	if silent > 2*every+every/4 {
+		t.Errorf("a silent peer was closed after %v, more than two ping intervals (%v)", silent, 2*every)
+	}
 	eventually(t, "a redial after the silent connection", func() bool {
 		return l.Stats().Reconnects >= 1 && l.Stats().Connected == 1
 	})

@@ -733,6 +733,16 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_timeout", http.StatusGatewayTimeout
 		x.finish()
 		return x.reply(http.StatusGatewayTimeout, fmt.Sprintf("Backend %s did not answer in time.", x.route.Backend.Name), "server_error", "upstream_timeout")
+	case errors.Is(err, proxy.ErrEngineUnavailable):
+		// Never sent: the engine was away and its link's queue was full or
+		// the request outwaited its TTL. Like a full admission queue, a
+		// refusal to retry later.
+		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeRejected, "engine_unavailable", http.StatusServiceUnavailable
+		x.hdr.Set("Retry-After", "1")
+		x.g.metrics.Rejections.WithLabelValues("engine_unavailable").Inc()
+		x.finish()
+		x.g.log.Warn("engine not connected: request refused", "backend", x.route.Backend.Name, "err", err, "inference_id", x.call.ID)
+		return x.reply(http.StatusServiceUnavailable, fmt.Sprintf("Backend %s is not connected. Retry after 1s.", x.route.Backend.Name), "server_error", "engine_unavailable")
 	case errors.As(err, &ue):
 		reason := "upstream_unreachable"
 		switch {

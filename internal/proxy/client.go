@@ -43,9 +43,13 @@ func NewClient() *Client {
 }
 
 // ErrEngineDisconnected is wrapped by the errors of an engine backend whose
-// link dropped a request: the connection to the engine was lost while the
-// request ran, or it waited for a connection longer than its queue TTL.
+// link lost the connection that carried the request while it ran.
 var ErrEngineDisconnected = errors.New("engine_disconnected")
+
+// ErrEngineUnavailable is wrapped by the errors of an engine backend that
+// never sent the request: the engine was not connected and the link's queue
+// was full, or the request waited for a connection longer than its TTL.
+var ErrEngineUnavailable = errors.New("engine_unavailable")
 
 // UpstreamError is a failure to get an answer from an engine.
 type UpstreamError struct {
