@@ -261,3 +261,39 @@ func ListUsage(ctx context.Context, db *gorm.DB, limit int) ([]Usage, error) {
 	}
 	return rows, nil
 }
+
+// RecordUnwritten gives each row a crashed process began but never wrote
+// (its journal's leftovers) its one final row: an error with reason
+// gateway_restart, counted in the rollup. A row the database already has —
+// written before the crash, then closed or finished — is left alone. It
+// returns how many rows it added.
+func RecordUnwritten(ctx context.Context, db *gorm.DB, rows []Usage) (int64, error) {
+	var added int64
+	for len(rows) > 0 {
+		n := min(len(rows), closeChunk)
+		chunk := rows[:n]
+		rows = rows[n:]
+		err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			now := time.Now().UTC()
+			r := NewRollup()
+			for i := range chunk {
+				u := chunk[i]
+				u.Sanitize()
+				u.Outcome, u.Reason, u.Status, u.FinishedAt = OutcomeError, "gateway_restart", 0, &now
+				res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&u)
+				if res.Error != nil {
+					return fmt.Errorf("record unwritten usage row %s: %w", u.InferenceID, res.Error)
+				}
+				if res.RowsAffected == 1 {
+					r.Add(&u)
+					added++
+				}
+			}
+			return r.Apply(tx)
+		})
+		if err != nil {
+			return added, err
+		}
+	}
+	return added, nil
+}

@@ -93,6 +93,9 @@ func startWithConfig(t testing.TB, cfg *config.Config, mock *mockllm.Server, moc
 	}
 	cfg.Listen = ln.Addr().String()
 	cfg.PublicURL = "http://" + cfg.Listen
+	if cfg.JournalDir == "" && !strings.HasPrefix(cfg.DatabaseURL, "sqlite://") {
+		cfg.JournalDir = t.TempDir() // not data/journal under web/
+	}
 	if err := loadDefaults(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -245,6 +245,11 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 
 func lastRowID(t *testing.T, e *testEnv) string {
 	t.Helper()
+	// A request's pending row waits in the ledger (its Begin is in the
+	// journal) until it has run for a while; a Flush writes it.
+	if err := e.srv.Ledger.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	rows, err := models.ListUsage(context.Background(), e.DB, 1)
 	if err != nil || len(rows) == 0 {
 		t.Fatalf("no usage rows: %v", err)

@@ -25,6 +25,7 @@ import (
 	"moonji/internal/config"
 	"moonji/internal/enginelink"
 	"moonji/internal/gateway"
+	"moonji/internal/journal"
 	"moonji/internal/ledger"
 	"moonji/internal/markdown"
 	"moonji/internal/metrics"
@@ -65,6 +66,34 @@ const (
 	heartbeatEvery = 10 * time.Second
 	replicaStale   = 60 * time.Second
 )
+
+// pendingAfter is how long a request runs before its pending usage row is
+// written: one that ends sooner is a single final insert. Its begin is in
+// the journal meanwhile, so a crash does not lose it; a stop on another
+// replica waits up to this long for the row to appear.
+const pendingAfter = 500 * time.Millisecond
+
+// openJournal opens this replica's usage journal and gives the requests its
+// previous life began and never wrote their one row (gateway_restart).
+func (s *Server) openJournal(ctx context.Context) (*journal.Journal, error) {
+	j, left, err := journal.Open(s.Config.JournalDir, s.Config.ReplicaID, s.log)
+	if err != nil {
+		return nil, fmt.Errorf("usage journal (journal_dir %s): %w", s.Config.JournalDir, err)
+	}
+	if len(left) == 0 {
+		j.Recovered()
+		return j, nil
+	}
+	n, err := models.RecordUnwritten(ctx, s.DB, left)
+	if err != nil {
+		// Kept for the next start; this one goes on.
+		s.log.Error("record the usage rows a crash left in the journal", "rows", len(left), "err", err)
+		return j, nil
+	}
+	j.Recovered()
+	s.log.Warn("recorded usage rows a stopped gateway began and never wrote", "rows", n, "journaled", len(left), "reason", "gateway_restart")
+	return j, nil
+}
 
 // closeOrphans closes unfinished rows of replicas that stopped sending
 // heartbeats and, at start-up (restarted = this replica's id), those of
@@ -149,7 +178,17 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	go s.replicaLoop()
 	s.closers = append(s.closers, func() { close(s.bg); <-s.bgDone })
 
+	j, err := s.openJournal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() {
+		if err := j.Close(); err != nil {
+			log.Warn("close the usage journal", "err", err)
+		}
+	})
 	s.Ledger = ledger.New(db, log)
+	s.Ledger.UseJournal(j, pendingAfter)
 	s.closers = append(s.closers, s.Ledger.Close)
 	s.keys = apikey.NewStore(db, log, 30*time.Second)
 	s.closers = append(s.closers, s.keys.Close)
@@ -236,7 +275,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	// run in reverse): stopped replies are saved through all three.
 	s.closers = append(s.closers, s.Chat.Close)
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat,
-		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics}, StreamWriteTimeout: cfg.StreamWriteTimeout}
+		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
+			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {
 		return nil, err

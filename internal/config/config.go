@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -46,6 +47,11 @@ type Config struct {
 	PublicURL   string `yaml:"public_url"`
 	DatabaseURL string `yaml:"database_url"`
 	RedisURL    string `yaml:"redis_url"`
+	// JournalDir is where this replica journals the usage rows it has
+	// begun and not yet written to the database, so that no request waits
+	// on the database before its answer starts and none loses its row in a
+	// crash. Default: beside the SQLite file, else data/journal.
+	JournalDir string `yaml:"journal_dir"`
 	// RedisPrefix starts every Redis key and channel Moonji uses, so that
 	// several deployments (or test runs) can share one Redis.
 	RedisPrefix string    `yaml:"redis_prefix"`
@@ -267,6 +273,9 @@ func (c *Config) applyEnv() {
 	if v, ok := os.LookupEnv("MOONJI_REDIS_URL"); ok {
 		c.RedisURL = v
 	}
+	if v := os.Getenv("MOONJI_JOURNAL_DIR"); v != "" {
+		c.JournalDir = v
+	}
 	if v := os.Getenv("MOONJI_REPLICA_ID"); v != "" {
 		c.ReplicaID = v
 	}
@@ -284,6 +293,13 @@ func (c *Config) applyDefaults() {
 	}
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = "sqlite://data/moonji.db"
+	}
+	if c.JournalDir == "" {
+		c.JournalDir = filepath.Join("data", "journal")
+		if driver, path, err := DatabaseDriver(c.DatabaseURL); err == nil && driver == "sqlite" {
+			path, _, _ = strings.Cut(path, "?")
+			c.JournalDir = filepath.Join(filepath.Dir(path), "journal")
+		}
 	}
 	if c.RedisPrefix == "" {
 		c.RedisPrefix = "moonji:"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -18,6 +19,13 @@ type Stopper struct {
 	DB      *gorm.DB
 	Stops   *stop.Service
 	Metrics *metrics.Metrics
+	// Running, when set, returns the row of a request this replica began
+	// whose pending row is not yet in the database (ledger.Ledger.Running).
+	Running func(id string) (models.Usage, bool)
+	// RowWait is how long a stop waits for the row of a request another
+	// replica began: it writes the pending row that long after the start
+	// (plus a commit). Zero: no wait.
+	RowWait time.Duration
 }
 
 // StopResult is the answer to a stop request.
@@ -44,7 +52,7 @@ var ErrStopUnavailable = errors.New("stop unavailable")
 // content chunks p had seen; the owner persists exactly those.
 func (s *Stopper) Stop(ctx context.Context, p Principal, id string, seen int) (StopResult, error) {
 	res := StopResult{InferenceID: id}
-	row, err := models.UsageByID(ctx, s.DB, id)
+	row, err := s.find(ctx, id)
 	if errors.Is(err, models.ErrNotFound) {
 		s.Metrics.Stops.WithLabelValues("not_found").Inc()
 		return res, ErrNotFound
@@ -86,3 +94,29 @@ func (s *Stopper) Stop(ctx context.Context, p Principal, id string, seen int) (S
 	}
 	return res, nil
 }
+
+// find returns the row of inference id: from this replica's memory while its
+// pending row is deferred, else from the database, where a request another
+// replica began appears within RowWait.
+func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
+	deadline := time.Now().Add(s.RowWait)
+	for {
+		if s.Running != nil {
+			if u, ok := s.Running(id); ok {
+				return &u, nil
+			}
+		}
+		row, err := models.UsageByID(ctx, s.DB, id)
+		if !errors.Is(err, models.ErrNotFound) || !time.Now().Before(deadline) {
+			return row, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(rowPoll):
+		}
+	}
+}
+
+// rowPoll is how often a stop looks again for a row not yet written.
+const rowPoll = 25 * time.Millisecond

@@ -53,7 +53,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			Outcome: models.OutcomeSuccess, PromptTokens: 10, CompletionTokens: 20, TTFTMs: ms(100)})
 		two := r{InferenceID: "r02", CreatedAt: at(29, 23, 20), UserID: &alice, KeyID: &a1, Model: "m1",
 			PromptTokens: 5, CompletionTokens: 7, TTFTMs: ms(200), QueueMs: 50}
-		l.write([]op{{kind: opBegin, row: pending(two)}, {kind: opFinish, row: with(two, models.OutcomeSuccess, "")}})
+		l.write([]op{{kind: opBegin, row: pending(two)}, {kind: opFinish, row: with(two, models.OutcomeSuccess, "")}}, false)
 		// 3: bob's key, m2, an engine error.
 		final(r{InferenceID: "r03", CreatedAt: at(29, 23, 40), UserID: &bob, KeyID: &b1, Model: "m2",
 			Outcome: models.OutcomeError, Reason: "upstream_500", PromptTokens: 3, QueueMs: 10})

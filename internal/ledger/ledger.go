@@ -27,12 +27,24 @@ const (
 	opBegin  opKind = iota // insert a pending row
 	opFinish               // update a pending row to its final state
 	opRecord               // insert a row that is already final (rejections)
+	opFlush                // write everything, young rows included
 )
 
 type op struct {
 	kind opKind
 	row  models.Usage
 	done chan error // nil when nobody waits
+	// young: a journaled Begin, whose pending row waits pendingAfter for
+	// its Finish so that a short request is one final insert.
+	young bool
+	due   time.Time
+}
+
+// Journal is where a ledger with deferred pending rows makes each Begin safe
+// from a crash before the row reaches the database (journal.Journal).
+type Journal interface {
+	Begin(row *models.Usage) error
+	Durable(ids ...string)
 }
 
 // Ledger is the asynchronous writer of usage rows.
@@ -48,6 +60,15 @@ type Ledger struct {
 	kickCkpt chan struct{} // SQLite only: asks for a checkpoint
 	commits  int
 	onWrite  func(rows int, took time.Duration, err error)
+
+	// With a journal, a Begin is journaled and its pending row deferred.
+	journal      Journal
+	pendingAfter time.Duration
+	young        youngRows // the writer's: deferred Begins, oldest first
+	// running holds the deferred Begins until their row is in the
+	// database, for Running.
+	runMu   sync.Mutex
+	running map[string]models.Usage
 }
 
 // New starts a ledger writing to db. Call Close to flush and stop it.
@@ -55,7 +76,8 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	if log == nil {
 		log = slog.Default()
 	}
-	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{})}
+	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
+		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}}
 	l.wg.Add(1)
 	go l.run()
 	if db.Dialector.Name() == "sqlite" {
@@ -98,16 +120,128 @@ func (l *Ledger) checkpoints() {
 	}
 }
 
-// Begin queues the insertion of a pending row and returns a channel that
-// receives the write's result. The row must be durable before its inference
-// id is shown to anyone, so callers wait on it before sending the response
-// headers — usually long after it has been written, since the upstream call
-// runs meanwhile.
+// UseJournal makes Begin write to j instead of waiting on the database: the
+// pending row of a request is written only if it still runs pendingAfter
+// later, and a request that ends sooner costs one final insert. Call it
+// before the first Begin.
+func (l *Ledger) UseJournal(j Journal, pendingAfter time.Duration) {
+	l.journal, l.pendingAfter = j, pendingAfter
+}
+
+// Begin queues the pending row of a request and returns a channel that
+// receives nil once the row is safe, or the error that lost it. The row
+// must be safe before its inference id is shown to anyone, so callers wait
+// on the channel before sending the response headers. With a journal it is
+// safe once journaled, before Begin returns; without one, once committed —
+// usually long before the wait, since the upstream call runs meanwhile.
 func (l *Ledger) Begin(row models.Usage) <-chan error {
 	row.Outcome = models.OutcomePending
 	done := make(chan error, 1)
+	if l.journal != nil {
+		row.Sanitize()
+		err := l.journal.Begin(&row)
+		if err == nil {
+			l.runMu.Lock()
+			l.running[row.InferenceID] = row
+			l.runMu.Unlock()
+			l.enqueue(op{kind: opBegin, row: row, young: true, due: time.Now().Add(l.pendingAfter)})
+			done <- nil
+			return done
+		}
+		// The database is still there: wait for it, as without a journal.
+		l.log.Warn("journal write failed; the pending row is written at once", "inference_id", row.InferenceID, "err", err)
+	}
 	l.enqueue(op{kind: opBegin, row: row, done: done})
 	return done
+}
+
+// Running returns the row of a request this ledger began and has not yet
+// written to the database (its pending row is deferred), so that a stop on
+// this replica finds a request younger than pendingAfter.
+func (l *Ledger) Running(id string) (models.Usage, bool) {
+	l.runMu.Lock()
+	defer l.runMu.Unlock()
+	u, ok := l.running[id]
+	return u, ok
+}
+
+// youngRows are the deferred Begins the writer holds, in the order they
+// came (which is the order they fall due: one delay for all).
+type youngRows struct {
+	order []op
+	byID  map[string]int // inference id → index in order, while held
+	head  int
+}
+
+func (y *youngRows) add(o op) {
+	y.byID[o.row.InferenceID] = len(y.order)
+	y.order = append(y.order, o)
+}
+
+// take removes and returns the held Begin of id.
+func (y *youngRows) take(id string) (op, bool) {
+	i, ok := y.byID[id]
+	if !ok {
+		return op{}, false
+	}
+	delete(y.byID, id)
+	o := y.order[i]
+	y.order[i].row.InferenceID = "" // taken: skipped when it falls due
+	return o, true
+}
+
+// popDue removes and returns the held Begins due by now (all of them when
+// all is set), oldest first.
+func (y *youngRows) popDue(now time.Time, all bool) []op {
+	var due []op
+	for {
+		y.skipTaken()
+		if y.head == len(y.order) {
+			return due
+		}
+		o := y.order[y.head]
+		if !all && o.due.After(now) {
+			return due
+		}
+		delete(y.byID, o.row.InferenceID)
+		due = append(due, o)
+		y.order[y.head] = op{}
+		y.head++
+	}
+}
+
+// skipTaken moves past taken Begins at the front, and compacts the slice
+// once its dead front is half of it, so that it never grows for ever.
+func (y *youngRows) skipTaken() {
+	for y.head < len(y.order) && y.order[y.head].row.InferenceID == "" {
+		y.order[y.head] = op{}
+		y.head++
+	}
+	if y.head == len(y.order) {
+		if y.head > 0 {
+			y.order, y.head = y.order[:0], 0
+		}
+		return
+	}
+	if y.head >= 1024 && y.head*2 >= len(y.order) {
+		n := copy(y.order, y.order[y.head:])
+		clear(y.order[n:])
+		y.order, y.head = y.order[:n], 0
+		for i := range y.order {
+			if id := y.order[i].row.InferenceID; id != "" {
+				y.byID[id] = i
+			}
+		}
+	}
+}
+
+// next returns when the oldest held Begin falls due.
+func (y *youngRows) next() (time.Time, bool) {
+	y.skipTaken()
+	if y.head == len(y.order) {
+		return time.Time{}, false
+	}
+	return y.order[y.head].due, true
 }
 
 // Finish queues the final state of a row started with Begin.
@@ -150,7 +284,7 @@ func (l *Ledger) Flush(ctx context.Context) error {
 		l.mu.RUnlock()
 		return nil
 	}
-	l.ops <- op{kind: -1, done: done}
+	l.ops <- op{kind: opFlush, done: done}
 	l.mu.RUnlock()
 	select {
 	case err := <-done:
@@ -191,7 +325,32 @@ func (l *Ledger) run() {
 	batch := make([]op, 0, maxBatch)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for first := range l.ops {
+	due := time.NewTimer(time.Hour) // when the oldest deferred Begin falls due
+	due.Stop()
+	for {
+		var first op
+		if at, ok := l.young.next(); ok {
+			due.Reset(time.Until(at))
+			select {
+			case o, ok := <-l.ops:
+				due.Stop()
+				if !ok {
+					l.write(nil, true)
+					return
+				}
+				first = o
+			case <-due.C:
+				l.write(nil, false)
+				continue
+			}
+		} else {
+			o, ok := <-l.ops
+			if !ok {
+				l.write(nil, true)
+				return
+			}
+			first = o
+		}
 		batch = append(batch[:0], first)
 		waited := first.done != nil
 		open := true
@@ -228,7 +387,10 @@ func (l *Ledger) run() {
 			}
 			timer.Stop()
 		}
-		l.write(batch)
+		l.write(batch, !open)
+		if !open {
+			return
+		}
 	}
 }
 
@@ -330,21 +492,32 @@ func (p *plan) statements() int {
 	return chunks(len(p.inserts)) + chunks(len(p.upserts)) + len(p.updates)
 }
 
-// write commits one batch. A Begin and Finish of the same row in one batch
-// become a single insert of the final row.
-func (l *Ledger) write(batch []op) {
+// write commits one batch, and the deferred Begins that have fallen due (all
+// of them on a Flush or when closing: they are written as pending rows). A
+// Begin and Finish of the same row in one batch, or a deferred Begin and its
+// Finish, become a single insert of the final row.
+func (l *Ledger) write(batch []op, closing bool) {
 	start := time.Now()
 	final := make(map[string]int, len(batch)) // inference id → index of its Finish
+	all := closing
 	for i, o := range batch {
-		if o.kind == opFinish {
+		switch o.kind {
+		case opFinish:
 			final[o.row.InferenceID] = i
+		case opFlush:
+			all = true
 		}
 	}
 	var p plan
 	merged := make(map[string]bool)
+	var fellDue []string // deferred Begins written as pending rows
 	for _, o := range batch {
 		switch o.kind {
 		case opBegin:
+			if o.young {
+				l.young.add(o)
+				continue
+			}
 			if i, ok := final[o.row.InferenceID]; ok {
 				p.inserts = append(p.inserts, batch[i].row)
 				merged[o.row.InferenceID] = true
@@ -355,6 +528,12 @@ func (l *Ledger) write(batch []op) {
 			p.inserts = append(p.inserts, o.row)
 		case opFinish:
 			id := o.row.InferenceID
+			if _, ok := l.young.take(id); ok {
+				// Finished before its pending row was written: one
+				// final row.
+				p.inserts = append(p.inserts, o.row)
+				continue
+			}
 			switch {
 			case merged[id]:
 			case l.begun[id]:
@@ -364,6 +543,19 @@ func (l *Ledger) write(batch []op) {
 			}
 			delete(l.begun, id)
 		}
+	}
+	for _, o := range l.young.popDue(time.Now(), all) {
+		p.inserts = append(p.inserts, o.row)
+		fellDue = append(fellDue, o.row.InferenceID)
+	}
+	if p.rows() == 0 {
+		// Only deferred Begins, or a Flush with nothing to write.
+		for _, o := range batch {
+			if o.done != nil {
+				o.done <- nil
+			}
+		}
+		return
 	}
 	err := l.commit(&p)
 	var failed map[string]error // per row, when the batch had to be split
@@ -397,9 +589,33 @@ func (l *Ledger) write(batch []op) {
 		} else {
 			errs[i] = err
 		}
-		if o.kind == opBegin && errs[i] == nil && !merged[o.row.InferenceID] {
+		if o.kind == opBegin && !o.young && errs[i] == nil && !merged[o.row.InferenceID] {
 			l.begun[o.row.InferenceID] = true
 		}
+	}
+	for _, id := range fellDue {
+		if rowErr(err, failed, id) == nil {
+			l.begun[id] = true
+		}
+	}
+	if l.journal != nil {
+		// Rows now in the database leave the journal. One that failed
+		// stays there, and the next start records it; Running forgets
+		// both, as the database now answers for them or never will.
+		var durable []string
+		for i := range p.inserts {
+			if id := p.inserts[i].InferenceID; rowErr(err, failed, id) == nil {
+				durable = append(durable, id)
+			}
+		}
+		if len(durable) > 0 {
+			l.journal.Durable(durable...)
+		}
+		l.runMu.Lock()
+		for i := range p.inserts {
+			delete(l.running, p.inserts[i].InferenceID)
+		}
+		l.runMu.Unlock()
 	}
 	if l.kickCkpt != nil {
 		if l.commits++; l.commits%checkpointAfter == 0 {
@@ -418,6 +634,14 @@ func (l *Ledger) write(batch []op) {
 			o.done <- errs[i]
 		}
 	}
+}
+
+// rowErr is the write's result for one row of a batch.
+func rowErr(err error, failed map[string]error, id string) error {
+	if failed != nil {
+		return failed[id]
+	}
+	return err
 }
 
 // commit writes a plan: in one transaction, or without one when it is a

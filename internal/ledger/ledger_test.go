@@ -105,7 +105,7 @@ func TestBadRowDoesNotLoseItsBatch(t *testing.T) {
 		return op{kind: opBegin, row: r, done: make(chan error, 1)}
 	}
 	batch := []op{mk("inf_a"), mk("inf_dup"), mk("inf_b")}
-	l.write(batch)
+	l.write(batch, false)
 	if err := <-batch[0].done; err != nil {
 		t.Errorf("inf_a: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestBatchIsAFewStatements(t *testing.T) {
 		f.FinishedAt = &now
 		finishes = append(finishes, op{kind: opFinish, row: f})
 	}
-	l.write(begins)
+	l.write(begins, false)
 	for _, o := range begins {
 		if err := <-o.done; err != nil {
 			t.Fatal(err)
@@ -183,7 +183,7 @@ func TestBatchIsAFewStatements(t *testing.T) {
 		t.Errorf("%d INSERT statements for %d pending rows, want 3", got, n)
 	}
 	inserts.Store(0)
-	l.write(finishes)
+	l.write(finishes, false)
 	if got, up := inserts.Load(), updates.Load(); got != 3 || up != 0 {
 		t.Errorf("%d upserts and %d UPDATEs for %d finishes, want 3 and 0", got, up, n)
 	}
@@ -257,7 +257,7 @@ func TestFinishBatchFallsBack(t *testing.T) {
 		f.Outcome, f.Status = models.OutcomeSuccess, 200
 		batch = append(batch, op{kind: opFinish, row: f})
 	}
-	l.write(batch)
+	l.write(batch, false)
 	for _, id := range []string{"inf_x", "inf_y"} {
 		if u := get(t, l, id); u.Outcome != models.OutcomeSuccess || u.Status != 200 {
 			t.Errorf("%s = %+v", id, u)
