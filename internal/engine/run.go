@@ -114,13 +114,17 @@ func (c *conn) relay(s *session, ctx context.Context, body io.Reader, ct string)
 	if err := c.sendSession(s, protocol.TypeChatResponse, protocol.ChatResponse{Status: http.StatusOK, ContentType: ct, Stream: true}); err != nil {
 		return
 	}
-	st := proxy.NewStream(bufio.NewReaderSize(body, 16<<10), proxy.RelayOptions{})
+	// Buffers sized for the common frame (a few hundred bytes): a session
+	// holds them for its whole answer, and a larger frame only takes more
+	// Reads. (A larger buf, which stays on the goroutine's stack, grew
+	// every session's stack to 32 KiB.)
+	st := proxy.NewStream(bufio.NewReaderSize(body, 4<<10), proxy.RelayOptions{})
 	defer st.Close()
 	var (
 		seq    int64
 		finish string
 		frame  []byte
-		buf    = make([]byte, 16<<10)
+		buf    = make([]byte, 2<<10)
 	)
 	for {
 		// Each Read hands out part or the rest of one frame, never two.
@@ -169,7 +173,7 @@ func frameEnds(b []byte) bool {
 // finishReason returns the first finish_reason a frame's choices carry, or
 // "". Most frames have none, or a null one, and are skipped without parsing.
 func finishReason(frame []byte) string {
-	if !bytes.Contains(frame, []byte(`"finish_reason"`)) {
+	if !hasFinishReason(frame) {
 		return ""
 	}
 	var reason string
@@ -184,6 +188,27 @@ func finishReason(frame []byte) string {
 		return "" // not a reason, and the protocol would refuse it
 	}
 	return reason
+}
+
+// hasFinishReason reports whether a frame may carry a finish_reason other
+// than null: every vLLM chunk has `"finish_reason":null`, and only the last
+// one needs parsing.
+func hasFinishReason(frame []byte) bool {
+	key := []byte(`"finish_reason"`)
+	for {
+		i := bytes.Index(frame, key)
+		if i < 0 {
+			return false
+		}
+		rest := bytes.TrimLeft(frame[i+len(key):], " \t\r\n")
+		if r, ok := bytes.CutPrefix(rest, []byte(":")); ok {
+			rest = bytes.TrimLeft(r, " \t\r\n")
+		}
+		if !bytes.HasPrefix(rest, []byte("null")) {
+			return true
+		}
+		frame = rest
+	}
 }
 
 // dataPayload returns the value of a frame's first data line.

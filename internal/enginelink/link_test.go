@@ -1,6 +1,7 @@
 package enginelink
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -496,4 +497,59 @@ func TestBadCalls(t *testing.T) {
 		t.Error("a refused call was registered")
 	}
 	_ = http.StatusOK
+}
+
+// A relay stops reading at `data: [DONE]` and closes the body, usually
+// before the engine's chat.done arrives. That answer is complete: the
+// engine is not told session.cancel, and the late chat.done is taken by its
+// session (then closed) rather than dropped as unknown.
+func TestCloseAfterDoneIsNotACancel(t *testing.T) {
+	e := newFakeEngine(t)
+	release := make(chan struct{})
+	e.onRequest = func(fc *fakeConn, env protocol.Envelope, b fakeBody) {
+		fc.send(protocol.TypeChatResponse, env.Session, protocol.ChatResponse{Status: 200, ContentType: "text/event-stream", Stream: true})
+		fc.send(protocol.TypeChatChunk, env.Session, protocol.ChatChunk{Seq: 1, Frame: frame(b.Marker, 1)})
+		fc.send(protocol.TypeChatChunk, env.Session, protocol.ChatChunk{Seq: 2, Frame: "data: [DONE]\n\n"})
+		go func() {
+			<-release
+			fc.send(protocol.TypeChatDone, env.Session, protocol.ChatDone{FinishReason: "stop"})
+		}()
+	}
+	l, _ := newLink(t, e, Options{})
+	resp, err := l.ChatCompletions(context.Background(), "s-done", "qwen", body(fakeBody{Marker: "d", Stream: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	var got strings.Builder
+	for !strings.HasSuffix(got.String(), "data: [DONE]\n\n") {
+		line, err := br.ReadString('\n')
+		got.WriteString(line)
+		if err != nil {
+			t.Fatalf("read: %v after %q", err, got.String())
+		}
+	}
+	resp.Body.Close() // as the gateway's relay does, before chat.done
+	close(release)
+	// What the engine hears of the session from here: a session.close,
+	// and no session.cancel before it.
+	deadline := time.After(wait)
+	for closed := false; !closed; {
+		select {
+		case env := <-e.got:
+			switch {
+			case env.Session != "s-done":
+			case env.Type == protocol.TypeSessionCancel:
+				t.Fatalf("a complete answer was cancelled: %+v", env)
+			case env.Type == protocol.TypeSessionClose:
+				closed = true
+			}
+		case <-deadline:
+			t.Fatal("the engine never received session.close")
+		}
+	}
+	eventually(t, "the session to be forgotten", func() bool { return l.Stats().SessionsOpen == 0 })
+	if s := l.Stats(); s.DroppedUnknownSession != 0 {
+		t.Errorf("the late chat.done was dropped as unknown: %+v", s)
+	}
 }

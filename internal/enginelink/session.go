@@ -1,6 +1,7 @@
 package enginelink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -173,7 +174,16 @@ type Stream struct {
 	ctx  context.Context
 	stop func() bool
 	cur  []byte
+	// sawDone is set once the reader took the `data: [DONE]` frame: the
+	// answer is complete even if chat.done has not come yet.
+	sawDone bool
 }
+
+// doneGrace bounds how long a session whose reader took `data: [DONE]` and
+// closed the body waits for the engine's chat.done before it is closed
+// anyway. chat.done follows the last chunk at once; the wait only keeps it
+// from arriving for a forgotten session.
+const doneGrace = 5 * time.Second
 
 // Read hands out the frames as they came, a frame (or what fits of it) per
 // call.
@@ -196,6 +206,9 @@ func (b *Stream) Read(p []byte) (int, error) {
 			s.frames = s.frames[1:]
 			s.buffered -= len(b.cur)
 			s.mu.Unlock()
+			if bytes.HasPrefix(b.cur, doneFrame) {
+				b.sawDone = true
+			}
 			continue
 		}
 		done, err := s.done, s.err
@@ -213,11 +226,28 @@ func (b *Stream) Read(p []byte) (int, error) {
 	}
 }
 
+// doneFrame starts the SSE frame that ends a chat stream.
+var doneFrame = []byte("data: [DONE]")
+
 // Close ends the stream; before its end, the engine is told session.cancel
-// and session.close.
+// and session.close. A stream whose `data: [DONE]` was read is complete:
+// a relay stops reading there, usually before chat.done arrives, so the
+// session stays registered until chat.done ends it (at most doneGrace)
+// rather than cancel an answer that finished and drop the chat.done as
+// unknown.
 func (b *Stream) Close() error {
 	b.stop()
-	b.s.l.end(b.s, b.s.l.wrap(ErrBodyClosed), endCancel, "client_closed")
+	s, l := b.s, b.s.l
+	if b.sawDone {
+		s.mu.Lock()
+		ended := s.done != nil || s.err != nil
+		s.mu.Unlock()
+		if !ended {
+			time.AfterFunc(doneGrace, func() { l.end(s, nil, endClose, "") })
+		}
+		return nil
+	}
+	l.end(s, l.wrap(ErrBodyClosed), endCancel, "client_closed")
 	return nil
 }
 

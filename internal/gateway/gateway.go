@@ -544,7 +544,9 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	if x.call.Conn != nil && x.g.stall > 0 {
 		opts.BeforeWrite = x.armWriteDeadline
 	}
-	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 32<<10), opts)
+	// 4 KiB holds several common frames; a stream keeps it while it is
+	// open (the relay reads larger frames in several fills).
+	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 4<<10), opts)
 	decided := false
 	s.End = func(res *proxy.RelayResult) []byte {
 		decided = true

@@ -124,7 +124,7 @@ const (
 
 // NewStream returns a Stream over the engine's body.
 func NewStream(src *bufio.Reader, o RelayOptions) *Stream {
-	return &Stream{src: src, opts: o, frame: make([]byte, 0, 4096)}
+	return &Stream{src: src, opts: o, frame: make([]byte, 0, 1024)} // grows to the largest frame
 }
 
 // Result is what happened so far.
