@@ -61,7 +61,7 @@ func TestJournaledShortRequestIsOneInsert(t *testing.T) {
 	if j.Open() != 1 {
 		t.Errorf("journal open = %d", j.Open())
 	}
-	time.Sleep(20 * time.Millisecond) // well past the linger: nothing is written yet
+	time.Sleep(3 * linger) // well past the linger: nothing is written yet
 	if n := count(t, l); n != 0 {
 		t.Fatalf("%d rows before the Finish; the pending row should wait", n)
 	}

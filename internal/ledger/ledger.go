@@ -311,14 +311,16 @@ func (l *Ledger) Close() {
 // OnWrite registers a hook called after every batch (for metrics).
 func (l *Ledger) OnWrite(fn func(rows int, took time.Duration, err error)) { l.onWrite = fn }
 
-// linger is how long a batch that nobody waits for (Records and Finishes
-// only) is held open for more rows. Each commit costs SQLite a WAL write of
-// every page it touched (the row and six indexes), so rows that arrive one at
-// a time are cheaper committed a few together. A Begin or a Flush — someone
-// waiting — ends the wait at once, so it adds nothing to a request's
-// latency; it only delays when a rejected or finished row becomes visible,
-// by at most this long.
-const linger = 2 * time.Millisecond
+// linger is how long a batch that nobody waits for is held open for more
+// rows. Each commit costs SQLite a WAL write of every page it touched (the
+// rows, their indexes, and the four rollup tables a final row adds to), so
+// rows are much cheaper committed many together: at 1,000 requests/s on one
+// core, the gateway took 43 % of it with a 20 ms linger and 36 % with 100 ms
+// (2 ms before the journal: every Begin ended the wait). With the journal
+// nobody waits for a Begin, so the linger adds nothing to a request's
+// latency; it delays when a finished row becomes visible, by at most this
+// long. A Flush, or a Begin that waits (no journal), ends it at once.
+const linger = 100 * time.Millisecond
 
 func (l *Ledger) run() {
 	defer l.wg.Done()

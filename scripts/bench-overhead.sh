@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Moonji against nginx as a null proxy, in one sitting, with the shared
+# harness (../shared/bench/overhead.sh; its README says what it measures).
+# Runs, one after the other against the same mock: Moonji with the ledger in
+# SQLite (the embedded default), Moonji with the ledger in PostgreSQL and
+# Redis rate limits, then nginx. Each prints its table; all land in
+# $WORK/results.
+#
+#   scripts/bench-overhead.sh                 (about 3 x 9 minutes)
+#   ROUNDS=1 RATE_DUR=5s scripts/bench-overhead.sh   (a quick look)
+#   ONLY="sqlite nginx" scripts/bench-overhead.sh
+#
+# Needs vegeta (VEGETA=path; see the harness's README), nginx-light (the
+# harness installs it), PostgreSQL and Redis on loopback for the second run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
+export WORK=${WORK:-/tmp/peerbench}
+export VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
+ONLY=${ONLY:-"sqlite postgres nginx"}
+PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
+REDIS=${REDIS:-redis://127.0.0.1:6379/0}
+make -s build
+port=18090
+dir=$(mktemp -d)
+server=""
+trap '[ -n "$server" ] && kill $server 2>/dev/null; "$BENCH/nginx-baseline.sh" stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+
+run_moonji() { # label database_url redis_url
+  local label=$1 db=$2 redis=$3 d="$dir/$1"
+  mkdir -p "$d"
+  cat >"$d/moonji.yaml" <<YAML
+listen: 127.0.0.1:$port
+database_url: "$db"
+redis_url: "$redis"
+redis_prefix: "bench$(date +%s):"
+journal_dir: $d/journal
+rate_limit: {requests_per_minute: 100000000}
+backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
+models: [{name: gpt-4o-mini, backend: mock}]
+YAML
+  MOONJI_DEV_ADMIN_PASSWORD=bench bin/moonji serve --config "$d/moonji.yaml" >"$d/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+  local key
+  key=$(bin/moonji keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+  GW_PID=$server LABEL=$label "$BENCH/overhead.sh" "http://127.0.0.1:$port/v1" "Authorization: Bearer $key"
+  kill "$server"; wait "$server" 2>/dev/null || true; server=""
+}
+
+for what in $ONLY; do
+  case $what in
+    sqlite) run_moonji moonji-sqlite "sqlite://$dir/sqlite/moonji.db" "" ;;
+    postgres)
+      schema="bench_$(date +%s)"
+      psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
+      run_moonji moonji-postgres "$PG&search_path=$schema" "$REDIS"
+      psql "$PG" -qc "DROP SCHEMA $schema CASCADE" >/dev/null ;;
+    nginx)
+      "$BENCH/nginx-baseline.sh" start
+      GW_PID=$(pgrep -P "$(cat /tmp/bench-nginx/nginx.pid)") LABEL=nginx "$BENCH/overhead.sh" http://127.0.0.1:8090/v1
+      "$BENCH/nginx-baseline.sh" stop ;;
+    *) echo "unknown: $what" >&2; exit 2 ;;
+  esac
+done
