@@ -23,7 +23,13 @@ type conn struct {
 
 	// The outbox: every message for this connection goes through it, so
 	// that one writer keeps them in order (a session's cancel never
-	// overtakes its request) and no sender blocks on the network.
+	// overtakes its request) and no sender blocks on the network. It needs
+	// no bound of its own: it holds at most four messages per session (open,
+	// request, cancel, close), sessions are bounded by the backend's
+	// admission (max_concurrency) and the link's queue_size, and a request's
+	// bytes are the ones its handler already holds. A writer stuck on a peer
+	// that reads nothing is ended by the heartbeat: the ping waits for the
+	// same socket and times out, and the connection is closed.
 	outMu sync.Mutex
 	out   [][]byte
 	wake  chan struct{}
