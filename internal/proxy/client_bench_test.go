@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The engine client, net/http's against fasthttp's, for this workload: one
+// chat body out, a small JSON answer or 20 SSE frames back, over loopback
+// keep-alive connections (issue 12 asked for the comparison).
+//
+//	go test ./internal/proxy -run '^$' -bench EngineClient -benchmem -count 5
+//
+// Both read the whole answer; the stream is read frame by frame as the
+// relay does. BENCHMARKS.md §13 has the numbers and why Moonji keeps
+// net/http.
+
+const benchAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the engine."},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`
+
+var benchBody = []byte(`{"model":"m","messages":[{"role":"user","content":"Say hello"}],"stream":false}`)
+
+func benchEngine(b *testing.B) *httptest.Server {
+	frame := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}` + "\n\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("stream") == "" {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, benchAnswer)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for range 20 {
+			io.WriteString(w, frame)
+			f.Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	b.Cleanup(srv.Close)
+	return srv
+}
+
+func BenchmarkEngineClient(b *testing.B) {
+	srv := benchEngine(b)
+	for _, stream := range []bool{false, true} {
+		path := "/chat/completions"
+		name := "whole"
+		if stream {
+			path += "?stream=1"
+			name = "stream"
+		}
+		b.Run("net-http/"+name, func(b *testing.B) {
+			c := NewClient()
+			up := Upstream{Name: "bench", BaseURL: srv.URL}
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := c.do(context.Background(), up, http.MethodPost, path, benchBody)
+				if err != nil {
+					b.Fatal(err)
+				}
+				readAnswer(b, resp.Body, stream)
+				resp.Body.Close()
+			}
+		})
+		b.Run("fasthttp/"+name, func(b *testing.B) {
+			c := &fasthttp.Client{StreamResponseBody: true, MaxConnsPerHost: 1024, ReadTimeout: 10 * time.Second}
+			url := srv.URL + path
+			b.ReportAllocs()
+			for b.Loop() {
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				req.SetRequestURI(url)
+				req.Header.SetMethod(http.MethodPost)
+				req.Header.SetContentType("application/json")
+				req.Header.Set("Accept", "application/json, text/event-stream")
+				req.SetBodyRaw(benchBody)
+				if err := c.Do(req, resp); err != nil {
+					b.Fatal(err)
+				}
+				readAnswer(b, resp.BodyStream(), stream)
+				resp.CloseBodyStream()
+				fasthttp.ReleaseRequest(req)
+				fasthttp.ReleaseResponse(resp)
+			}
+		})
+	}
+}
+
+// readAnswer reads an answer as the gateway does: a whole one at once, a
+// stream frame by frame.
+func readAnswer(b *testing.B, r io.Reader, stream bool) {
+	if !stream {
+		data, err := io.ReadAll(r)
+		if err != nil || len(data) != len(benchAnswer) {
+			b.Fatalf("answer: %d bytes, %v", len(data), err)
+		}
+		return
+	}
+	br := bufio.NewReaderSize(r, 4<<10)
+	var frame []byte
+	n := 0
+	for {
+		var err error
+		frame, err = readFrame(br, frame[:0])
+		if err != nil {
+			b.Fatalf("frame %d: %v", n, err)
+		}
+		n++
+		if strings.HasPrefix(string(frame), "data: [DONE]") {
+			break
+		}
+	}
+	if n != 21 {
+		b.Fatal(fmt.Sprint("frames: ", n))
+	}
+}
