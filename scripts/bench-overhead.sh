@@ -9,6 +9,8 @@
 #   scripts/bench-overhead.sh                 (about 3 x 9 minutes)
 #   ROUNDS=1 RATE_DUR=5s scripts/bench-overhead.sh   (a quick look)
 #   ONLY="sqlite nginx" scripts/bench-overhead.sh
+#   MOONJI_BIN=/tmp/moonji-before LABEL_PREFIX=before- ONLY=sqlite scripts/bench-overhead.sh
+#                                  (another build, e.g. an earlier commit's)
 #
 # Needs vegeta (VEGETA=path; see the harness's README), nginx-light (the
 # harness installs it), PostgreSQL and Redis on loopback for the second run.
@@ -20,7 +22,8 @@ export VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 ONLY=${ONLY:-"sqlite postgres nginx"}
 PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 REDIS=${REDIS:-redis://127.0.0.1:6379/0}
-make -s build
+MOONJI_BIN=${MOONJI_BIN:-bin/moonji}
+[ "$MOONJI_BIN" = bin/moonji ] && make -s build
 port=18090
 dir=$(mktemp -d)
 server=""
@@ -34,17 +37,16 @@ listen: 127.0.0.1:$port
 database_url: "$db"
 redis_url: "$redis"
 redis_prefix: "bench$(date +%s):"
-journal_dir: $d/journal
 rate_limit: {requests_per_minute: 100000000}
 backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
 models: [{name: gpt-4o-mini, backend: mock}]
 YAML
-  MOONJI_DEV_ADMIN_PASSWORD=bench bin/moonji serve --config "$d/moonji.yaml" >"$d/serve.log" 2>&1 &
+  MOONJI_JOURNAL_DIR=$d/journal MOONJI_DEV_ADMIN_PASSWORD=bench "$MOONJI_BIN" serve --config "$d/moonji.yaml" >"$d/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
   local key
-  key=$(bin/moonji keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
-  GW_PID=$server LABEL=$label "$BENCH/overhead.sh" "http://127.0.0.1:$port/v1" "Authorization: Bearer $key"
+  key=$("$MOONJI_BIN" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+  GW_PID=$server LABEL=${LABEL_PREFIX:-}$label "$BENCH/overhead.sh" "http://127.0.0.1:$port/v1" "Authorization: Bearer $key"
   kill "$server"; wait "$server" 2>/dev/null || true; server=""
 }
 
