@@ -564,3 +564,23 @@ func TestStopFromTheWebKeepsWhatWasSeen(t *testing.T) {
 		t.Errorf("row = %+v, want stopped with at least the 6 chunks delivered and the prompt", row)
 	}
 }
+
+// A stop sent to another replica for a request so young that its pending
+// row is not written yet (the journal holds it) waits for the row and stops
+// it. (internal/gateway's TestStopWaitsAreBounded: a flood of made-up ids.)
+func TestStopOfAYoungRequestElsewhere(t *testing.T) {
+	c := startCluster(t, 2, false)
+	a, b := c.replicas[0], c.replicas[1]
+	s := startStream(t, a, a.Key, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tps":20,"tokens":500}}`)
+	var n int64
+	a.DB.Model(&models.Usage{}).Where("inference_id = ?", s.id).Count(&n)
+	ans := cancelVia(t, b, b.Key, s.id)
+	if ans.status != http.StatusOK || ans.body["state"] != "stopped" {
+		t.Fatalf("stop through B of a young request (row written: %d): %d %v", n, ans.status, ans.body)
+	}
+	s.wait(t)
+	if row := a.final(s.id); row.Outcome != models.OutcomeStopped {
+		t.Errorf("row = %+v", row)
+	}
+
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -26,7 +27,15 @@ type Stopper struct {
 	// replica began: it writes the pending row that long after the start
 	// (plus a commit). Zero: no wait.
 	RowWait time.Duration
+
+	waiting atomic.Int64 // stops waiting for a row now
 }
+
+// maxRowWaits bounds the stops that wait for a row at once: a stop for an id
+// nobody began waits RowWait and queries the database every rowPoll, so a
+// flood of made-up ids must not tie up goroutines and the database. Past it,
+// a stop is answered from what the database has now.
+const maxRowWaits = 64
 
 // StopResult is the answer to a stop request.
 type StopResult struct {
@@ -100,6 +109,12 @@ func (s *Stopper) Stop(ctx context.Context, p Principal, id string, seen int) (S
 // replica began appears within RowWait.
 func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
 	deadline := time.Now().Add(s.RowWait)
+	waiting := false
+	defer func() {
+		if waiting {
+			s.waiting.Add(-1)
+		}
+	}()
 	for {
 		if s.Running != nil {
 			if u, ok := s.Running(id); ok {
@@ -110,6 +125,13 @@ func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
 		if !errors.Is(err, models.ErrNotFound) || !time.Now().Before(deadline) {
 			return row, err
 		}
+		if !waiting {
+			if s.waiting.Add(1) > maxRowWaits {
+				s.waiting.Add(-1)
+				return row, err
+			}
+			waiting = true
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -119,4 +141,4 @@ func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
 }
 
 // rowPoll is how often a stop looks again for a row not yet written.
-const rowPoll = 25 * time.Millisecond
+const rowPoll = 100 * time.Millisecond
