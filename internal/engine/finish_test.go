@@ -7,7 +7,7 @@ import "testing"
 func TestFinishReason(t *testing.T) {
 	for _, c := range []struct {
 		frame, want string
-		parsed     bool
+		parsed      bool
 	}{
 		{"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n", "", false},
 		{"data: {\"choices\":[{\"delta\":{},\"finish_reason\" : null }]}\n\n", "", false},
