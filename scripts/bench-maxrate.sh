@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The highest rate of non-streamed requests one core sustains at p99 <= 5 ms
+# (issue 12): `moonji serve` pinned to core 1, the shared bench mock and
+# vegeta on core 0, open loop for 10 s at each rate in RATES.
+#
+#   scripts/bench-maxrate.sh                          (the ledger in SQLite)
+#   DB=postgres scripts/bench-maxrate.sh              (PostgreSQL + Redis rate limits)
+#   RATES="1000 3000 5000" scripts/bench-maxrate.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
+VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
+RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
+PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
+REDIS=${REDIS:-redis://127.0.0.1:6379/0}
+make -s build
+dir=$(mktemp -d)
+(cd "$BENCH/mockup" && go build -o "$dir/mockup" main.go)
+port=18091
+db="sqlite://$dir/moonji.db" redis="" schema=""
+if [ "${DB:-sqlite}" = postgres ]; then
+  schema="maxrate_$(date +%s)"; psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
+  db="$PG&search_path=$schema" redis=$REDIS
+fi
+cat >"$dir/moonji.yaml" <<YAML
+listen: 127.0.0.1:$port
+database_url: "$db"
+redis_url: "$redis"
+redis_prefix: "maxrate$(date +%s):"
+rate_limit: {requests_per_minute: 100000000}
+backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
+models: [{name: gpt-4o-mini, backend: mock}]
+YAML
+taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
+mock=$!
+env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 bin/moonji serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
+server=$!
+trap 'kill $server $mock 2>/dev/null; [ -n "$schema" ] && psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $schema CASCADE" >/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+key=$(bin/moonji keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}' >"$dir/body.json"
+printf 'POST http://127.0.0.1:%s/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$port" "$key" "$dir/body.json" >"$dir/targets"
+taskset -c 0 "$VEGETA" attack -rate 1000 -duration 5s -targets "$dir/targets" >/dev/null # warm-up
+hz=$(getconf CLK_TCK)
+printf '%-6s %-9s %-9s %-9s %-8s %-6s\n' rate p50 p99 max success cpu
+for r in $RATES; do
+  t0=$(awk '{print $14+$15}' /proc/$server/stat)
+  out=$(taskset -c 0 "$VEGETA" attack -rate "$r" -duration 10s -targets "$dir/targets" | "$VEGETA" report -type=json)
+  t1=$(awk '{print $14+$15}' /proc/$server/stat)
+  echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); l=d['latencies']; print('%-6s %-9s %-9s %-9s %-8s %d%%' % ($r, '%.2fms'%(l['50th']/1e6), '%.2fms'%(l['99th']/1e6), '%.1fms'%(l['max']/1e6), '%.2f%%'%(d['success']*100), ($t1-$t0)*100/(10*$hz)))"
+done
