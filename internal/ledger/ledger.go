@@ -60,6 +60,10 @@ type Ledger struct {
 	kickCkpt chan struct{} // SQLite only: asks for a checkpoint
 	commits  int
 	onWrite  func(rows int, took time.Duration, err error)
+	// The most rows one statement writes, and the pause between the
+	// statements of a batch (SQLite: see sqliteStatementRows).
+	maxRows int
+	pause   time.Duration
 
 	// With a journal, a Begin is journaled and its pending row deferred.
 	journal      Journal
@@ -77,7 +81,10 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 		log = slog.Default()
 	}
 	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
-		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}}
+		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}, maxRows: chunkSizes[0]}
+	if db.Dialector.Name() == "sqlite" {
+		l.maxRows, l.pause = sqliteStatementRows, sqlitePause
+	}
 	l.wg.Add(1)
 	go l.run()
 	if db.Dialector.Name() == "sqlite" {
@@ -420,6 +427,24 @@ func (l *Ledger) run() {
 // acknowledgement) is thus still finished by the UPDATE.
 var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 
+// SQLite runs inside this process, as Go code (modernc's translation of its
+// C) that the scheduler does not interrupt: a statement keeps its P until it
+// returns, and Go preempts only after 10 ms. On a gateway with one core (one
+// P) every request waits behind the statement, and a multi-row INSERT of a
+// busy second's rows (~65 µs of CPU a row, most of it parsing, binding —
+// quadratic in the number of parameters in the driver — and seven B-trees)
+// held the core for several milliseconds: at 1,000 req/s that was the p99.
+// So on SQLite a statement writes at most sqliteStatementRows rows, and the
+// writer sleeps sqlitePause between the statements of a batch. It must
+// sleep, not runtime.Gosched: a yielding goroutine is run again before the
+// scheduler polls the network, a sleeping one after. The sleep rounds up to
+// a millisecond only when the process is otherwise idle, and a batch of
+// more than one statement comes only from a busy one.
+const (
+	sqliteStatementRows = 8
+	sqlitePause         = 20 * time.Microsecond
+)
+
 // finalColumns are the columns a Finish sets on its pending row.
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
 	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend"}
@@ -481,17 +506,22 @@ func (p *plan) onlyID() string {
 
 func (p *plan) rows() int { return len(p.inserts) + len(p.upserts) + len(p.updates) }
 
-func chunks(n int) int {
+// chunks is the number of statements that write n rows of a kind, at most
+// max rows each.
+func chunks(n, max int) int {
 	c := 0
 	for _, size := range chunkSizes {
+		if size > max {
+			continue
+		}
 		c += n / size
 		n %= size
 	}
 	return c
 }
 
-func (p *plan) statements() int {
-	return chunks(len(p.inserts)) + chunks(len(p.upserts)) + len(p.updates)
+func (p *plan) statements(max int) int {
+	return chunks(len(p.inserts), max) + chunks(len(p.upserts), max) + len(p.updates)
 }
 
 // write commits one batch, and the deferred Begins that have fallen due (all
@@ -650,7 +680,7 @@ func rowErr(err error, failed map[string]error, id string) error {
 // single statement (which is atomic by itself): a batch of pending rows
 // only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
-	if p.statements() <= 1 && !p.final() {
+	if p.statements(l.maxRows) <= 1 && !p.final() {
 		return l.exec(l.db, p)
 	}
 	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
@@ -678,12 +708,23 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 	if p.final() {
 		r = models.NewRollup()
 	}
-	if err := inChunks(p.inserts, func(rows []models.Usage) error {
+	// Each statement but the first waits for the rest of the process
+	// (SQLite: see sqlitePause).
+	ran := 0
+	step := func() {
+		if ran > 0 {
+			l.between()
+		}
+		ran++
+	}
+	if err := inChunks(p.inserts, l.maxRows, func(rows []models.Usage) error {
+		step()
 		return tx.Create(&rows).Error
 	}); err != nil {
 		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
 	}
-	if err := inChunks(p.upserts, func(rows []models.Usage) error {
+	if err := inChunks(p.upserts, l.maxRows, func(rows []models.Usage) error {
+		step()
 		res := tx.Clauses(upsertFinal).Create(&rows)
 		if res.Error == nil && res.RowsAffected != int64(len(rows)) {
 			return errNotPending
@@ -693,6 +734,7 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 		return fmt.Errorf("finish %d usage rows: %w", len(p.upserts), err)
 	}
 	for i := range p.updates {
+		step()
 		u := &p.updates[i]
 		res := tx.Model(&models.Usage{}).Where("inference_id = ? AND outcome = ?", u.InferenceID, models.OutcomePending).
 			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
@@ -717,12 +759,17 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 	for i := range p.upserts {
 		r.Add(&p.upserts[i])
 	}
+	step()
 	return r.Apply(tx)
 }
 
-// inChunks calls fn on rows cut into chunkSizes pieces, largest first.
-func inChunks(rows []models.Usage, fn func([]models.Usage) error) error {
+// inChunks calls fn on rows cut into chunkSizes pieces of at most max
+// rows, largest first.
+func inChunks(rows []models.Usage, max int, fn func([]models.Usage) error) error {
 	for _, size := range chunkSizes {
+		if size > max {
+			continue
+		}
 		for len(rows) >= size {
 			if err := fn(rows[:size]); err != nil {
 				return err
@@ -731,4 +778,12 @@ func inChunks(rows []models.Usage, fn func([]models.Usage) error) error {
 		}
 	}
 	return nil
+}
+
+// between lets the rest of the process run between two statements of a
+// batch (SQLite only; see sqlitePause).
+func (l *Ledger) between() {
+	if l.pause > 0 {
+		time.Sleep(l.pause)
+	}
 }

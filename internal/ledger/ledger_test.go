@@ -157,11 +157,17 @@ func countStatements(t *testing.T, l *Ledger) (inserts, updates *atomic.Int64) {
 }
 
 // A batch costs a few statements, not one per row: multi-row INSERTs for
-// pending rows, multi-row upserts for their Finishes.
+// pending rows, multi-row upserts for their Finishes. On SQLite a statement
+// writes at most 8 rows (sqliteStatementRows), so that it never holds the
+// process's core for long.
 func TestBatchIsAFewStatements(t *testing.T) {
 	l := open(t)
 	inserts, updates := countStatements(t, l)
-	const n = 100 // 64 + 32 + 4
+	const n = 100
+	want := int64(3) // 64 + 32 + 4
+	if l.db.Dialector.Name() == "sqlite" {
+		want = 13 // 12 × 8 + 4
+	}
 	var begins, finishes []op
 	for i := range n {
 		r := row(fmt.Sprintf("inf_%03d", i))
@@ -179,13 +185,13 @@ func TestBatchIsAFewStatements(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := inserts.Load(); got != 3 {
-		t.Errorf("%d INSERT statements for %d pending rows, want 3", got, n)
+	if got := inserts.Load(); got != want {
+		t.Errorf("%d INSERT statements for %d pending rows, want %d", got, n, want)
 	}
 	inserts.Store(0)
 	l.write(finishes, false)
-	if got, up := inserts.Load(), updates.Load(); got != 3 || up != 0 {
-		t.Errorf("%d upserts and %d UPDATEs for %d finishes, want 3 and 0", got, up, n)
+	if got, up := inserts.Load(), updates.Load(); got != want || up != 0 {
+		t.Errorf("%d upserts and %d UPDATEs for %d finishes, want %d and 0", got, up, n, want)
 	}
 	var total, final int64
 	l.db.Model(&models.Usage{}).Count(&total)
