@@ -38,6 +38,14 @@ func NewClient() *Client {
 		// stream; frames must pass through as they come.
 		DisableCompression: true,
 		ForceAttemptHTTP2:  false,
+		// A connection keeps both buffers for its life, and there is one
+		// connection per running stream. The relay reads through a buffer
+		// of its own (bufio.Reader reads past a smaller one straight into
+		// the caller's), so this one serves only status line, headers and
+		// chunk sizes; the write buffer holds a request's headers, and a
+		// larger body goes out in a few writes. 4 KiB each by default.
+		ReadBufferSize:  1 << 10,
+		WriteBufferSize: 2 << 10,
 	}
 	return &Client{hc: &http.Client{Transport: tr}}
 }
