@@ -98,6 +98,94 @@ test('requests made with a key appear on /admin with the right counts', async ({
   expect(await value(totalsCell(page, 'moonji-demo', 'success'))).toBeGreaterThanOrEqual(before + 3);
 });
 
+// datasets is a chart's series as Chart.js draws them: label → values.
+const datasets = (page: Page, canvas: string) => page.evaluate((id) => {
+  const chart = (window as any).Chart.getChart(id);
+  return chart ? chart.data.datasets.map((d: any) => ({ label: d.label, data: d.data as number[] })) : null;
+}, canvas);
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+
+test('“Split by” redraws both charts by model or by outcome, and keeps the choice in the URL', async ({ page }) => {
+  const key = createKey(adminEmail, `e2e-split-${Date.now()}`);
+  expect((await chat(key, ask('moonji-demo'))).status).toBe(200);
+  expect((await chat(key, ask('e2e-split-no-such-model'))).status).toBe(404);
+  await signIn(page, '/admin');
+  // The ledger commits in groups: reload until the rows are in.
+  await expect.poll(async () => {
+    await page.goto('/admin');
+    return value(page.locator('#model-totals tr[data-model="(unknown)"] td[data-outcome="rejected"]'));
+  }, { timeout: 10_000 }).toBeGreaterThan(0);
+  await expect.poll(() => drawn(page)).toBe(true);
+
+  const outcomes = ['success', 'error', 'cancelled', 'stopped', 'rejected'];
+  const split = page.getByRole('group', { name: 'Split by' });
+  await expect(split).toBeVisible();
+  const byModel = split.getByRole('radio', { name: 'Model' });
+  const byOutcome = split.getByRole('radio', { name: 'Outcome' });
+  const totals = page.locator('#model-totals tfoot tr[data-total="true"]');
+  const demo = page.locator('#model-totals tr[data-model="moonji-demo"]');
+
+  // By outcome first: both charts have one series per outcome.
+  await expect(byOutcome).toBeChecked();
+  await expect(page.locator('#chart-requests').locator('xpath=ancestor::figure/figcaption')).toHaveText('Requests by outcome');
+  let requests = (await datasets(page, 'chart-requests'))!;
+  let tokens = (await datasets(page, 'chart-tokens'))!;
+  expect(requests.map((d) => d.label)).toEqual(outcomes);
+  expect(tokens.map((d) => d.label)).toEqual(outcomes);
+  const success = requests.find((d) => d.label === 'success')!;
+  expect(sum(success.data)).toBe(await value(totals.locator('td[data-outcome="success"]')));
+  const rejected = requests.find((d) => d.label === 'rejected')!;
+  expect(sum(rejected.data)).toBe(await value(totals.locator('td[data-outcome="rejected"]')));
+
+  // The keyboard: from Outcome, an arrow key chooses Model.
+  await byOutcome.focus();
+  await page.keyboard.press('ArrowLeft');
+  await expect(byModel).toBeChecked();
+  await expect(byModel).toBeFocused();
+  await expect(page).toHaveURL(/\/admin\?split=model$/);
+  await expect(page.locator('#chart-requests').locator('xpath=ancestor::figure/figcaption')).toHaveText('Requests by model');
+  await expect(page.locator('#chart-tokens')).toHaveAttribute('aria-label', /^Tokens \(prompt and completion\) by model/);
+  requests = (await datasets(page, 'chart-requests'))!;
+  tokens = (await datasets(page, 'chart-tokens'))!;
+  const models = await page.locator('#model-totals tbody tr th').allTextContents();
+  expect(requests.map((d) => d.label)).toEqual(models.map((m) => m.trim()));
+  expect(tokens.map((d) => d.label)).toEqual(models.map((m) => m.trim()));
+  expect(requests.map((d) => d.label)).toContain('moonji-demo');
+  expect(requests.map((d) => d.label)).toContain('(unknown)');
+  expect(sum(requests.find((d) => d.label === 'moonji-demo')!.data)).toBe(await value(demo.locator('td[data-field="requests"]')));
+  expect(sum(tokens.find((d) => d.label === 'moonji-demo')!.data)).toBe(
+    await value(demo.locator('td[data-field="prompt_tokens"]')) + await value(demo.locator('td[data-field="completion_tokens"]')));
+  // The tables follow: each chart's table by model.
+  for (const s of await page.getByText('Show as table').all()) await s.click();
+  await expect(page.locator('#requests-model-table')).toBeVisible();
+  await expect(page.locator('#tokens-table')).toBeVisible();
+  await expect(page.locator('#requests-table')).toBeHidden();
+  await expect(page.locator('#tokens-outcome-table')).toBeHidden();
+
+  // The range switch keeps the split, and the page opens in it.
+  const range = page.getByRole('navigation', { name: 'Time range' });
+  await expect(range.getByRole('link', { name: '30 days' })).toHaveAttribute('href', '/admin?range=30d&split=model');
+  await range.getByRole('link', { name: '30 days' }).click();
+  await expect(page).toHaveURL(/\/admin\?range=30d&split=model$/);
+  await expect.poll(() => drawn(page)).toBe(true);
+  await expect(page.getByRole('radio', { name: 'Model' })).toBeChecked();
+  expect((await datasets(page, 'chart-requests'))!.map((d) => d.label)).toContain('moonji-demo');
+  expect((await datasets(page, 'chart-requests'))!.map((d) => d.label)).not.toContain('success');
+
+  // Back to outcome with a click: the URL loses the split (the default).
+  await page.getByRole('radio', { name: 'Outcome' }).check();
+  await expect(page).toHaveURL(/\/admin\?range=30d$/);
+  expect((await datasets(page, 'chart-tokens'))!.map((d) => d.label)).toEqual(outcomes);
+  await expect(range.getByRole('link', { name: '24 hours' })).toHaveAttribute('href', '/admin?range=24h');
+
+  // /usage has the same control over the person's own numbers.
+  await page.goto('/usage?split=model');
+  await expect.poll(() => drawn(page)).toBe(true);
+  await expect(page.getByRole('radio', { name: 'Model' })).toBeChecked();
+  const own = (await datasets(page, 'chart-requests'))!.map((d) => d.label);
+  expect(own).toEqual((await page.locator('#model-totals tbody tr th').allTextContents()).map((m) => m.trim()));
+});
+
 test('the live view shows a backend’s queue while requests wait', async ({ page }) => {
   test.setTimeout(60_000);
   await signIn(page, '/admin');
@@ -224,7 +312,7 @@ async function look(page: Page, name: string, url: string) {
 }
 
 test('/admin and /usage: screenshots, accessibility, phone width', async ({ page }) => {
-  test.setTimeout(90_000);
+  test.setTimeout(150_000);
   await signIn(page, '/usage');
   // Something to draw on /usage: the admin's own requests with a key.
   const key = createKey(adminEmail, `e2e-look-${Date.now()}`);
@@ -232,6 +320,7 @@ test('/admin and /usage: screenshots, accessibility, phone width', async ({ page
   await chat(key, ask('e2e-no-such-model'));
   await look(page, 'admin', '/admin');
   await look(page, 'admin-30d', '/admin?range=30d');
+  await look(page, 'admin-split-model', '/admin?range=30d&split=model');
   await look(page, 'usage', '/usage');
   // The tables opened: their contrast is scanned too.
   await page.goto('/usage');

@@ -131,24 +131,33 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 		u.Total.CompletionTokens += t.CompletionTokens
 	}
 
-	u.Requests = make([][]int64, len(starts))
-	u.Tokens = make([][]int64, len(starts))
-	for i := range starts {
-		u.Requests[i] = make([]int64, len(models.Outcomes))
-		u.Tokens[i] = make([]int64, len(u.Models))
+	// Every bucket's requests and tokens, split by outcome and by model:
+	// the points are per model and outcome, so both splits come from the
+	// same rollup rows.
+	grid := func(cols int) [][]int64 {
+		g := make([][]int64, len(starts))
+		for i := range g {
+			g[i] = make([]int64, cols)
+		}
+		return g
 	}
+	u.Requests, u.TokensByOutcome = grid(len(models.Outcomes)), grid(len(models.Outcomes))
+	u.RequestsByModel, u.Tokens = grid(len(u.Models)), grid(len(u.Models))
 	for _, p := range points {
 		j, ok := outcome[p.Outcome]
 		i, in := bucket(p.Start)
 		if !ok || !in {
 			continue
 		}
-		u.Requests[i][j] += p.Requests
 		k, shown := column[p.Model]
 		if !shown {
 			k = len(u.Models) - 1 // the "other models" column
 		}
-		u.Tokens[i][k] += p.PromptTokens + p.CompletionTokens
+		tokens := p.PromptTokens + p.CompletionTokens
+		u.Requests[i][j] += p.Requests
+		u.RequestsByModel[i][k] += p.Requests
+		u.Tokens[i][k] += tokens
+		u.TokensByOutcome[i][j] += tokens
 	}
 	return u
 }

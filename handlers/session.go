@@ -126,6 +126,9 @@ func (h *Handler) RequirePageSession(c *fiber.Ctx) error {
 		return err
 	}
 	if sess == nil {
+		if isProgram(c) {
+			return pageNeedsSession(c)
+		}
 		next := "/"
 		if c.Method() == fiber.MethodGet {
 			next = c.OriginalURL()
@@ -147,6 +150,27 @@ func (h *Handler) RequirePageSession(c *fiber.Ctx) error {
 			"The form was stale or came from another site. Reload the page and try again.", "Reload", "/")
 	}
 	return c.Next()
+}
+
+// isProgram reports whether a request comes from a program rather than a
+// browser: it sends Authorization: Bearer (an API key, valid or not), in
+// any case of the scheme.
+func isProgram(c *fiber.Ctx) bool {
+	scheme, _, _ := strings.Cut(strings.TrimSpace(c.Get(fiber.HeaderAuthorization)), " ")
+	return strings.EqualFold(scheme, "Bearer")
+}
+
+// pageNeedsSession answers a program on a page route. It is told, not
+// redirected: 401 in OpenAI's error shape, as /v1 answers a missing key,
+// with WWW-Authenticate: Bearer. A script gets a status it can act on
+// instead of a sign-in page it cannot use; keys open /v1 alone.
+func pageNeedsSession(c *fiber.Ctx) error {
+	c.Set(fiber.HeaderWWWAuthenticate, "Bearer")
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(http.StatusUnauthorized).Send(gateway.ErrorBody(
+		"This page needs a login session: API keys work on /v1 only. Sign in at /login in a browser.",
+		"invalid_request_error", "invalid_api_key"))
 }
 
 // RequireAPISession guards /api: a session or 401 (JSON), and the CSRF

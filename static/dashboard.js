@@ -7,9 +7,15 @@
 
 (() => {
   // --- Charts ---------------------------------------------------------------
+  // Each chart is split by outcome or by model ("Split by"); the page
+  // carries both splits. The choice lives in the URL (?split=model) and
+  // in the range links, so a reload, a bookmark or another range keeps it.
   const source = document.getElementById('usage-chart-data');
-  if (source && window.Chart) {
+  if (source) {
     const data = JSON.parse(source.textContent);
+    const splits = ['model', 'outcome'];
+    const asked = new URLSearchParams(window.location.search).get('split');
+    let split = splits.includes(asked) ? asked : data.split;
     const darkMode = window.matchMedia('(prefers-color-scheme: dark)');
     // Mid-tones for a white page, lighter ones for a dark page: each stays
     // apart from the background and from its neighbours in either.
@@ -27,8 +33,11 @@
     };
     const drawn = [];
 
-    const colour = (p, chart, s, i) => {
-      if (chart.palette === 'outcome') return p.outcome[s.key] || p.other;
+    // view is a chart in the current split (older pages: its own series).
+    const view = (chart) => (chart.splits && chart.splits[split]) || chart;
+
+    const colour = (p, v, s, i) => {
+      if (v.palette === 'outcome') return p.outcome[s.key] || p.other;
       if (s.key === 'other') return p.other;
       return p.model[i % p.model.length];
     };
@@ -36,6 +45,7 @@
     const draw = () => {
       drawn.forEach((c) => c.destroy());
       drawn.length = 0;
+      if (!window.Chart) return; // the tables still say it all
       const p = darkMode.matches ? palettes.dark : palettes.light;
       const style = getComputedStyle(document.body);
       const text = style.color;
@@ -44,12 +54,13 @@
       for (const chart of data.charts) {
         const canvas = document.getElementById(chart.canvas);
         if (!canvas) continue;
+        const v = view(chart);
         drawn.push(new Chart(canvas, {
           type: 'bar',
           data: {
             labels: data.labels,
-            datasets: (chart.series || []).map((s, i) => ({
-              label: s.label, data: s.data, backgroundColor: colour(p, chart, s, i), borderWidth: 0, maxBarThickness: 28,
+            datasets: (v.series || []).map((s, i) => ({
+              label: s.label, data: s.data, backgroundColor: colour(p, v, s, i), borderWidth: 0, maxBarThickness: 28,
             })),
           },
           options: {
@@ -69,7 +80,49 @@
         }));
       }
     };
-    draw();
+
+    // withSplit is href (a same-site path) carrying the current split; the
+    // default split is left out, so the page's plain URLs stay plain.
+    const withSplit = (href) => {
+      const url = new URL(href, window.location.href);
+      if (split === data.split) url.searchParams.delete('split');
+      else url.searchParams.set('split', split);
+      return url.pathname + url.search + url.hash;
+    };
+
+    // show puts the page in the current split: captions and names of the
+    // charts, which table of each is shown, the control, the URL and the
+    // range links; then the charts are drawn again.
+    const show = () => {
+      for (const chart of data.charts) {
+        const canvas = document.getElementById(chart.canvas);
+        const v = view(chart);
+        if (!canvas || !v.caption) continue;
+        canvas.setAttribute('aria-label', v.label);
+        const caption = canvas.closest('figure') && canvas.closest('figure').querySelector('figcaption');
+        if (caption) caption.textContent = v.caption;
+      }
+      document.querySelectorAll('.chart [data-split]').forEach((el) => { el.hidden = el.dataset.split !== split; });
+      document.querySelectorAll('#chart-split input[name="split"]').forEach((r) => { r.checked = r.value === split; });
+      document.querySelectorAll('nav.range-switch a[href]').forEach((a) => a.setAttribute('href', withSplit(a.getAttribute('href'))));
+      const here = withSplit(window.location.href);
+      if (here !== window.location.pathname + window.location.search + window.location.hash) {
+        window.history.replaceState(window.history.state, '', here);
+      }
+      draw();
+    };
+
+    const control = document.getElementById('chart-split');
+    if (control) {
+      control.hidden = false;
+      control.addEventListener('change', (event) => {
+        if (event.target.name === 'split' && splits.includes(event.target.value)) {
+          split = event.target.value;
+          show();
+        }
+      });
+    }
+    show();
     // The colours follow the system's light or dark mode when it changes.
     darkMode.addEventListener('change', draw);
   }

@@ -24,10 +24,15 @@ type UsageView struct {
 	// Models name the token series: the models with the most use, then at
 	// most one Other that adds up the rest.
 	Models []ModelName
-	// Requests[i][j] is bucket i's requests with outcome j.
-	Requests [][]int64
-	// Tokens[i][k] is bucket i's tokens (prompt and completion) of Models[k].
-	Tokens [][]int64
+	// Requests[i][j] is bucket i's requests with outcome j, and
+	// RequestsByModel[i][k] its requests of Models[k]: the same requests,
+	// split the other way.
+	Requests        [][]int64
+	RequestsByModel [][]int64
+	// Tokens[i][k] is bucket i's tokens (prompt and completion) of
+	// Models[k], and TokensByOutcome[i][j] its tokens of outcome j.
+	Tokens          [][]int64
+	TokensByOutcome [][]int64
 	// ByModel are the window's totals per model, in the order of Models.
 	ByModel []ModelTotal
 	Total   ModelTotal
@@ -157,17 +162,39 @@ type ExportChoice struct {
 	Selected     bool
 }
 
+// The charts' splits: each chart's series are its numbers by outcome or by
+// model, as the page's "Split by" control chooses (?split=, read by
+// static/dashboard.js; the page carries both).
+const (
+	SplitOutcome = "outcome"
+	SplitModel   = "model"
+	// DefaultSplit is drawn when the URL names none.
+	DefaultSplit = SplitOutcome
+)
+
 // chartData is what static/dashboard.js draws, read from a JSON script
-// element: the x labels and, per canvas, its series.
+// element: the x labels and, per canvas, its series in either split.
 type chartData struct {
 	Labels []string `json:"labels"`
-	Charts []chart  `json:"charts"`
+	// Split is the default split: the one Palette and Series of each chart hold.
+	Split  string  `json:"split"`
+	Charts []chart `json:"charts"`
 }
 
 type chart struct {
 	Canvas string `json:"canvas"`
 	// Palette is "outcome" (each series coloured for its outcome) or
 	// "model" (colours in turn, grey for Other).
+	Palette string   `json:"palette"`
+	Series  []series `json:"series"`
+	// Splits are the chart in each split, by its name (outcome, model).
+	Splits map[string]chartSplit `json:"splits"`
+}
+
+// chartSplit is one chart in one split: what to call it and its series.
+type chartSplit struct {
+	Caption string   `json:"caption"` // the figure's caption
+	Label   string   `json:"label"`   // the canvas's accessible name
 	Palette string   `json:"palette"`
 	Series  []series `json:"series"`
 }
@@ -178,49 +205,70 @@ type series struct {
 	Data  []int64 `json:"data"`
 }
 
+// chartCaption names a chart in a split ("Requests by model").
+func chartCaption(what, split string) string {
+	return what + " by " + split
+}
+
 // charts is the charts' data, from the same numbers as the tables.
 func (u UsageView) charts() chartData {
-	d := chartData{Labels: make([]string, len(u.Buckets))}
+	d := chartData{Labels: make([]string, len(u.Buckets)), Split: DefaultSplit}
 	for i, b := range u.Buckets {
 		d.Labels[i] = b.Label
 	}
-	// Empty, never null: a window without requests still draws its axes.
-	req := chart{Canvas: "chart-requests", Palette: "outcome", Series: []series{}}
+	table := "; the numbers are in the table below"
+	mk := func(canvas, what, long string, byOutcome, byModel [][]int64) chart {
+		c := chart{Canvas: canvas, Splits: map[string]chartSplit{
+			SplitOutcome: {Caption: chartCaption(what, SplitOutcome), Label: chartCaption(long, SplitOutcome) + ", " + u.Span + table,
+				Palette: SplitOutcome, Series: u.outcomeSeries(byOutcome)},
+			SplitModel: {Caption: chartCaption(what, SplitModel), Label: chartCaption(long, SplitModel) + ", " + u.Span + table,
+				Palette: SplitModel, Series: u.modelSeries(byModel)},
+		}}
+		c.Palette, c.Series = c.Splits[DefaultSplit].Palette, c.Splits[DefaultSplit].Series
+		return c
+	}
+	d.Charts = []chart{
+		mk("chart-requests", "Requests", "Requests", u.Requests, u.RequestsByModel),
+		mk("chart-tokens", "Tokens", "Tokens (prompt and completion)", u.TokensByOutcome, u.Tokens),
+	}
+	return d
+}
+
+// outcomeSeries is one series per outcome of values[bucket][outcome].
+func (u UsageView) outcomeSeries(values [][]int64) []series {
+	out := make([]series, 0, len(u.Outcomes))
 	for j, o := range u.Outcomes {
 		s := series{Label: o, Key: o, Data: make([]int64, len(u.Buckets))}
 		for i := range u.Buckets {
-			s.Data[i] = u.Requests[i][j]
+			s.Data[i] = values[i][j]
 		}
-		req.Series = append(req.Series, s)
+		out = append(out, s)
 	}
-	tok := chart{Canvas: "chart-tokens", Palette: "model", Series: []series{}}
+	return out
+}
+
+// modelSeries is one series per model of values[bucket][model]; empty,
+// never null, when nothing was used: a window without requests still
+// draws its axes.
+func (u UsageView) modelSeries(values [][]int64) []series {
+	out := make([]series, 0, len(u.Models))
 	for k, m := range u.Models {
 		s := series{Label: m.Label(), Data: make([]int64, len(u.Buckets))}
 		if m.Other > 0 {
 			s.Key = "other"
 		}
 		for i := range u.Buckets {
-			s.Data[i] = u.Tokens[i][k]
+			s.Data[i] = values[i][k]
 		}
-		tok.Series = append(tok.Series, s)
+		out = append(out, s)
 	}
-	d.Charts = []chart{req, tok}
-	return d
+	return out
 }
 
-// bucketRequests is bucket i's requests of every outcome.
-func (u UsageView) bucketRequests(i int) int64 {
+// rowSum is the sum of row i of values: a bucket's total in either split.
+func rowSum(values [][]int64, i int) int64 {
 	var n int64
-	for _, v := range u.Requests[i] {
-		n += v
-	}
-	return n
-}
-
-// bucketTokens is bucket i's tokens of every model.
-func (u UsageView) bucketTokens(i int) int64 {
-	var n int64
-	for _, v := range u.Tokens[i] {
+	for _, v := range values[i] {
 		n += v
 	}
 	return n

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -17,10 +18,12 @@ const (
 	toSignIn   = -1 // 303 to /login?next=…: a page's refusal without a session
 	hxSignIn   = -2 // 401 with HX-Redirect to the sign-in: the same, to htmx
 	letThrough = -3 // anything but 401, 403, 302 or 303: the guards let it pass
+	keyRefused = -4 // 401 in OpenAI's error shape with WWW-Authenticate: Bearer: a program's refusal
 )
 
 // TestAdminAccessTable is who may reach the admin and usage pages: nobody
-// without a session (an API key opens no page), no person who is not an
+// without a session (an API key opens no page: a program that sends one is
+// answered 401, a browser is sent to sign in), no person who is not an
 // admin on /admin, every signed-in person on /usage. Cells whose answer is
 // another handler's business (the dashboard, usage) only check that the
 // guards let the request through.
@@ -50,23 +53,28 @@ func TestAdminAccessTable(t *testing.T) {
 			{"anonymous", browser(t), nil},
 			{"anonymous htmx", browser(t), map[string]string{"HX-Request": "true"}},
 			{"API key", browser(t), map[string]string{"Authorization": "Bearer " + key}},
+			{"API key, lower-case scheme", browser(t), map[string]string{"Authorization": "bearer " + key}},
+			{"API key, htmx", browser(t), map[string]string{"Authorization": "BEARER " + key, "HX-Request": "true"}},
 			{"person", person, nil},
 			{"admin", admin, nil},
+			// A key beside a valid session changes nothing: the session decides.
+			{"admin with a key", admin, map[string]string{"Authorization": "Bearer " + key}},
 		}
+		const k = keyRefused
 		routes := []struct {
 			method, path string
 			want         []int // per caller, in callers' order
 			location     string
 		}{
-			{"GET", "/admin", []int{toSignIn, hxSignIn, toSignIn, 403, letThrough}, ""},
-			{"GET", "/admin/backends", []int{toSignIn, hxSignIn, toSignIn, 403, letThrough}, ""},
-			{"GET", "/admin/keys", []int{toSignIn, hxSignIn, toSignIn, 403, 200}, ""},
-			{"POST", "/admin/keys/1/revoke", []int{toSignIn, hxSignIn, toSignIn, 403, 303}, "/admin/keys"},
-			{"GET", "/admin/people", []int{toSignIn, hxSignIn, toSignIn, 403, 200}, ""},
-			{"POST", "/admin/people/1/disable", []int{toSignIn, hxSignIn, toSignIn, 403, 303}, "/admin/people?done=disabled"},
-			{"POST", "/admin/people/1/enable", []int{toSignIn, hxSignIn, toSignIn, 403, 303}, "/admin/people?done=enabled"},
-			{"GET", "/usage", []int{toSignIn, hxSignIn, toSignIn, letThrough, letThrough}, ""},
-			{"GET", "/usage/export", []int{toSignIn, hxSignIn, toSignIn, letThrough, letThrough}, ""},
+			{"GET", "/admin", []int{toSignIn, hxSignIn, k, k, k, 403, letThrough, letThrough}, ""},
+			{"GET", "/admin/backends", []int{toSignIn, hxSignIn, k, k, k, 403, letThrough, letThrough}, ""},
+			{"GET", "/admin/keys", []int{toSignIn, hxSignIn, k, k, k, 403, 200, 200}, ""},
+			{"POST", "/admin/keys/1/revoke", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/keys"},
+			{"GET", "/admin/people", []int{toSignIn, hxSignIn, k, k, k, 403, 200, 200}, ""},
+			{"POST", "/admin/people/1/disable", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/people?done=disabled"},
+			{"POST", "/admin/people/1/enable", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/people?done=enabled"},
+			{"GET", "/usage", []int{toSignIn, hxSignIn, k, k, k, letThrough, letThrough, letThrough}, ""},
+			{"GET", "/usage/export", []int{toSignIn, hxSignIn, k, k, k, letThrough, letThrough, letThrough}, ""},
 		}
 		for _, rt := range routes {
 			for i, cl := range callers {
@@ -90,6 +98,23 @@ func TestAdminAccessTable(t *testing.T) {
 					case toSignIn:
 						if got != http.StatusSeeOther || !strings.HasPrefix(loc, "/login?next=") {
 							t.Errorf("%d → %q, want 303 to the sign-in", got, loc)
+						}
+					case keyRefused:
+						var e struct {
+							Error struct{ Message, Type, Code string }
+						}
+						if got != http.StatusUnauthorized || loc != "" || resp.Header.Get("HX-Redirect") != "" {
+							t.Errorf("%d (→ %q, HX-Redirect %q), want 401 without a redirect", got, loc, resp.Header.Get("HX-Redirect"))
+						}
+						if h := resp.Header.Get("WWW-Authenticate"); h != "Bearer" {
+							t.Errorf("WWW-Authenticate %q, want Bearer", h)
+						}
+						if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+							t.Errorf("Content-Type %q, want application/json", ct)
+						}
+						if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" ||
+							e.Error.Type != "invalid_request_error" || e.Error.Code != "invalid_api_key" {
+							t.Errorf("body %s (%v), want an OpenAI-shaped error", body, err)
 						}
 					case hxSignIn:
 						if got != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("HX-Redirect"), "/login?next=") {

@@ -96,7 +96,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Post("/c/:id/delete", page, h.DeleteConversationPage)
 	app.Get("/history", page, h.History)
 
-	keys := app.Group("/keys", h.RequirePageSession)
+	keys := app.Group("/keys", page)
 	keys.Get("", h.Keys)
 	keys.Post("", h.CreateKey)
 	keys.Post("/:id/revoke", h.RevokeKey)
@@ -104,7 +104,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Get("/usage", page, h.Usage)
 	app.Get("/usage/export", page, h.UsageExport)
 
-	adminPages := app.Group("/admin", h.RequirePageSession, h.RequireAdmin)
+	adminPages := app.Group("/admin", page, h.RequireAdmin)
 	adminPages.Get("", h.AdminDashboard)
 	adminPages.Get("/backends", h.AdminBackends)
 	adminPages.Get("/keys", h.AdminKeys)

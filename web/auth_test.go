@@ -185,8 +185,9 @@ func TestAccessRules(t *testing.T) {
 			{"POST", "/v1/chat/completions", []int{401, 401, 401, 401, 200, 200, 200}},
 			{"GET", "/v1/models", []int{401, 401, 401, 401, 200, 200, 200}},
 			{"GET", "/api/me", []int{401, 401, 401, 401, 401, 200, 200}},
-			{"GET", "/keys", []int{303, 303, 303, 303, 303, 200, 200}},
-			{"GET", "/admin/keys", []int{303, 303, 303, 303, 303, 403, 200}},
+			// A key on a page is a program's mistake: 401, not the sign-in.
+			{"GET", "/keys", []int{303, 401, 401, 401, 401, 200, 200}},
+			{"GET", "/admin/keys", []int{303, 401, 401, 401, 401, 403, 200}},
 		}
 		for _, ep := range endpoints {
 			for i, cl := range callers {
@@ -219,6 +220,10 @@ func TestAccessRules(t *testing.T) {
 					}
 					if resp.StatusCode == 303 && !strings.HasPrefix(resp.Header.Get("Location"), "/login?next=") {
 						t.Errorf("redirect to %q, want the sign-in", resp.Header.Get("Location"))
+					}
+					if resp.StatusCode == 401 && !strings.HasPrefix(ep.path, "/v1/") && !strings.HasPrefix(ep.path, "/api/") &&
+						resp.Header.Get("WWW-Authenticate") != "Bearer" {
+						t.Errorf("a key refused on a page: WWW-Authenticate %q, want Bearer", resp.Header.Get("WWW-Authenticate"))
 					}
 				})
 			}

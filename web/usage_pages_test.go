@@ -216,7 +216,7 @@ func TestUsageExportRefusals(t *testing.T) {
 		t.Errorf("a year back: %d", resp.StatusCode)
 	}
 	resp, body := e.fetch(noRedirects(browser(t)), http.MethodGet, "/usage/export?format=csv", nil, map[string]string{"Authorization": "Bearer " + e.Key})
-	if resp.StatusCode != http.StatusSeeOther || strings.Contains(body, "inference_id") {
-		t.Errorf("signed out (with a key): %d %q", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusUnauthorized || strings.Contains(body, "inference_id") {
+		t.Errorf("signed out (with a key): %d %q, want 401 (a key opens no page)", resp.StatusCode, body)
 	}
 }

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // The dashboards' aggregates, checked against a set of rows counted by hand:
 // every outcome, two models, two people, a key each (and a web request with
 // none), a request refused before anyone was known, one for a model nobody
-// serves, rows on both sides of a
+// serves, one refused by a full queue, rows on both sides of a
 // UTC midnight, one older than 24 hours, one older than 30 days, one still
 // running and one orphaned by a dead replica. The rows go through the
 // ledger's writer (Begin/Finish in separate batches and in one, Record) and
@@ -72,6 +73,10 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 		// 13: a model nobody serves, counted under one name whatever was asked.
 		l.Record(r{InferenceID: "r13", CreatedAt: at(30, 0, 26), UserID: &bob, KeyID: &b1, Model: "gpt-invented",
 			Outcome: models.OutcomeRejected, Reason: "model_not_found", Status: 404})
+		// 14: a full queue refuses bob at once: it never waited in the queue,
+		// so it has no queue wait.
+		l.Record(r{InferenceID: "r14", CreatedAt: at(30, 0, 27), UserID: &bob, KeyID: &b1, Model: "m1",
+			Outcome: models.OutcomeRejected, Reason: "queue_full", Status: 503})
 		// 9: weeks ago (in the 30 days, not in the 24 hours); 12: older than 30 days.
 		final(r{InferenceID: "r09", CreatedAt: at(10, 12, 0), UserID: &alice, KeyID: &a1, Model: "m2",
 			Outcome: models.OutcomeSuccess, PromptTokens: 100, CompletionTokens: 200, TTFTMs: ms(1000)})
@@ -111,7 +116,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			{Start: h23, Model: "m2", Outcome: "error", Requests: 1, PromptTokens: 3},
 			{Start: h00, Outcome: "rejected", Requests: 1},
 			{Start: h00, Model: models.UnknownModel, Outcome: "rejected", Requests: 1},
-			{Start: h00, Model: "m1", Outcome: "rejected", Requests: 1},
+			{Start: h00, Model: "m1", Outcome: "rejected", Requests: 2},
 			{Start: h00, Model: "m1", Outcome: "stopped", Requests: 1, PromptTokens: 6, CompletionTokens: 3},
 			{Start: h00, Model: "m2", Outcome: "cancelled", Requests: 1, PromptTokens: 4, CompletionTokens: 2},
 			{Start: h00, Model: "m2", Outcome: "rejected", Requests: 1},
@@ -125,7 +130,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			{Start: d29, Model: "m2", Outcome: "error", Requests: 1, PromptTokens: 3},
 			{Start: d30, Outcome: "rejected", Requests: 1},
 			{Start: d30, Model: models.UnknownModel, Outcome: "rejected", Requests: 1},
-			{Start: d30, Model: "m1", Outcome: "rejected", Requests: 1},
+			{Start: d30, Model: "m1", Outcome: "rejected", Requests: 2},
 			{Start: d30, Model: "m1", Outcome: "stopped", Requests: 1, PromptTokens: 6, CompletionTokens: 3},
 			{Start: d30, Model: "m2", Outcome: "cancelled", Requests: 1, PromptTokens: 4, CompletionTokens: 2},
 			{Start: d30, Model: "m2", Outcome: "rejected", Requests: 1},
@@ -138,7 +143,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 
 		users := must(models.TopUsers(ctx, db, day, 10))
 		wantUsers := []models.UserTotal{{UserID: alice, Email: "alice@example.com", Requests: 3, Tokens: 51},
-			{UserID: bob, Email: "bob@example.com", Requests: 6, Tokens: 9}}
+			{UserID: bob, Email: "bob@example.com", Requests: 7, Tokens: 9}}
 		if !reflect.DeepEqual(users, wantUsers) {
 			t.Errorf("top users (24 h) = %+v\nwant %+v", users, wantUsers)
 		}
@@ -148,7 +153,7 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 		keys := must(models.TopKeys(ctx, db, day, 0, 10))
 		wantKeys := []models.KeyTotal{
 			{KeyID: a1, Name: "alice-laptop", Prefix: "mj-alice-l", Owner: "alice@example.com", Requests: 2, PromptTokens: 15, CompletionTokens: 27},
-			{KeyID: b1, Name: "bob-ci", Prefix: "mj-bob-ci", Owner: "bob@example.com", Requests: 6, PromptTokens: 7, CompletionTokens: 2},
+			{KeyID: b1, Name: "bob-ci", Prefix: "mj-bob-ci", Owner: "bob@example.com", Requests: 7, PromptTokens: 7, CompletionTokens: 2},
 		}
 		if !reflect.DeepEqual(keys, wantKeys) {
 			t.Errorf("top keys (24 h) = %+v\nwant %+v", keys, wantKeys)
@@ -162,15 +167,40 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 			t.Fatalf("latencies = %+v, want m1 and m2 (the refused request without a model has none)", lat)
 		}
 		// m1: TTFT 100, 200, 150 (rows 1, 2, 5); queue 0, 50, 0 and 0 for the
-		// closed orphan; the rate-limited row never queued.
+		// closed orphan; the rate-limited row and the one the full queue
+		// refused never queued.
 		closeTo(t, "m1 ttft", lat[0].TTFT, 3, 150, 200, 200)
 		closeTo(t, "m1 queue", lat[0].Queue, 4, 0, 50, 50)
 		// m2: TTFT 300 (row 4); queue 10, 0, and 5000 for the queue timeout.
 		closeTo(t, "m2 ttft", lat[1].TTFT, 1, 300, 300, 300)
 		closeTo(t, "m2 queue", lat[1].Queue, 3, 10, 5000, 5000)
 
-		if got := ids(must(models.RecentUsage(ctx, db, models.OutcomeRejected, 10))); !reflect.DeepEqual(got, []string{"r13", "r08", "r07", "r06"}) {
-			t.Errorf("recent rejections = %v, want r13 r08 r07 r06", got)
+		// The 30 days add row 9 (m2: TTFT 1000, queue 0); row 12 is older.
+		// m1 is as in the 24 hours: TTFT 100, 150, 200; queue 0, 0, 0, 50.
+		// m2: TTFT 300, 1000; queue 0, 0, 10, 5000 — p50 is the 2nd of 4
+		// by nearest rank (0, where the 24 hours' 3 give 10), p95 and p99
+		// the 4th.
+		lat = must(models.Latencies(ctx, db, month))
+		if len(lat) != 2 || lat[0].Model != "m1" || lat[1].Model != "m2" {
+			t.Fatalf("30-day latencies = %+v, want m1 and m2", lat)
+		}
+		closeTo(t, "30 d m1 ttft", lat[0].TTFT, 3, 150, 200, 200)
+		closeTo(t, "30 d m1 queue", lat[0].Queue, 4, 0, 50, 50)
+		closeTo(t, "30 d m2 ttft", lat[1].TTFT, 2, 300, 1000, 1000)
+		closeTo(t, "30 d m2 queue", lat[1].Queue, 4, 0, 5000, 5000)
+
+		// The dashboard's recent rejections (its query, its limit of 20):
+		// newest first, each with its reason and status.
+		rejected := must(models.RecentUsage(ctx, db, models.OutcomeRejected, 20))
+		if got := ids(rejected); !reflect.DeepEqual(got, []string{"r14", "r13", "r08", "r07", "r06"}) {
+			t.Errorf("recent rejections = %v, want r14 r13 r08 r07 r06", got)
+		}
+		var reasons []string
+		for _, u := range rejected {
+			reasons = append(reasons, fmt.Sprintf("%s %d", u.Reason, u.Status))
+		}
+		if want := []string{"queue_full 503", "model_not_found 404", "queue_timeout 503", "unauthorized 401", "rate_limited 429"}; !reflect.DeepEqual(reasons, want) {
+			t.Errorf("recent rejections' reasons = %q, want %q", reasons, want)
 		}
 		if got := ids(must(models.RecentUsage(ctx, db, models.OutcomeError, 1))); !reflect.DeepEqual(got, []string{"r11"}) {
 			t.Errorf("most recent error = %v, want r11", got)
@@ -178,8 +208,8 @@ func TestDashboardAggregatesMatchHandCountedRows(t *testing.T) {
 
 		// The rollup is exactly what a rebuild from the ledger gives.
 		before := rollupRows(t, db)
-		if n, err := models.RebuildRollup(ctx, db); err != nil || n != 13 {
-			t.Fatalf("rebuild read %d rows (%v), want 13", n, err)
+		if n, err := models.RebuildRollup(ctx, db); err != nil || n != 14 {
+			t.Fatalf("rebuild read %d rows (%v), want 14", n, err)
 		}
 		if after := rollupRows(t, db); !reflect.DeepEqual(before, after) {
 			t.Errorf("rollup kept by the writer differs from a rebuild:\n%+v\n%+v", before, after)
