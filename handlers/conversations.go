@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/tidwall/gjson"
 
 	"moonji/internal/chat"
-	"moonji/internal/jsonguard"
 	"moonji/models"
 )
 
@@ -39,63 +37,42 @@ func (h *Handler) person(c *fiber.Ctx) (chat.Person, bool) {
 	return chat.Person{UserID: p.UserID, Email: p.Email, Admin: p.Admin}, ok
 }
 
-// chatBody checks a JSON body with jsonguard (depth, repeated fields)
-// before gjson reads the fields it names, and returns it; on failure it has
-// answered.
-func chatBody(c *fiber.Ctx, fields ...string) ([]byte, bool, error) {
-	var watch jsonguard.Watch
-	for _, f := range fields {
-		watch = append(watch, jsonguard.Field{Name: f})
+// stringBody reads the one string field of a chat API body
+// (parseStringBody); on failure it has answered, naming the field.
+func stringBody(c *fiber.Ctx, field string) (string, bool, error) {
+	v, err := parseStringBody(c.Body(), field)
+	if err != nil {
+		return "", false, badBody(c, err)
 	}
-	body := c.Body()
-	if err := jsonguard.Validate(body, watch); err != nil {
-		return nil, false, stopBadRequest(c, err) // the same 400 as every JSON body the API refuses
-	}
-	if !gjson.ParseBytes(body).IsObject() {
-		return nil, false, invalidRequest(c, "the request body must be a JSON object", "")
-	}
-	return body, true, nil
+	return v, true, nil
 }
 
-// stringField reads field as a string; a missing one is "" when optional.
-func stringField(c *fiber.Ctx, body []byte, field string, optional bool) (string, bool, error) {
-	v := gjson.GetBytes(body, field)
-	switch {
-	case v.Type == gjson.String:
-		return v.Str, true, nil
-	case !v.Exists() && optional:
-		return "", true, nil
-	default:
-		return "", false, invalidRequest(c, field+" must be a string", field)
-	}
-}
-
-func invalidRequest(c *fiber.Ctx, msg, _ string) error {
-	return apiError(c, http.StatusBadRequest, msg, "invalid_request_error", "invalid_request")
-}
-
-// chatError answers the chat's domain errors.
+// chatError answers the chat's domain errors; param names the body field
+// or query parameter at fault where one is (each of these errors comes
+// from one field of the API's requests: the model only from creating a
+// conversation, the content only from sending a message).
 func (h *Handler) chatError(c *fiber.Ctx, err error) error {
+	const invalid = "invalid_request_error"
 	switch {
 	case errors.Is(err, chat.ErrNotFound):
-		return apiError(c, http.StatusNotFound, "No such conversation.", "invalid_request_error", "not_found")
+		return apiError(c, http.StatusNotFound, "No such conversation.", invalid, "not_found")
 	case errors.Is(err, chat.ErrUnknownModel):
-		return apiError(c, http.StatusBadRequest, "Unknown model: choose one of GET /v1/models.", "invalid_request_error", "model_not_found")
+		return apiErrorParam(c, http.StatusBadRequest, "Unknown model: choose one of GET /v1/models.", invalid, "model_not_found", "model")
 	case errors.Is(err, chat.ErrTooLarge):
-		return apiError(c, http.StatusRequestEntityTooLarge,
-			"The message is larger than "+strconv.Itoa(chat.MaxContentBytes>>10)+" KiB.", "invalid_request_error", "request_too_large")
+		return apiErrorParam(c, http.StatusRequestEntityTooLarge,
+			"The message is larger than "+strconv.Itoa(chat.MaxContentBytes>>10)+" KiB.", invalid, "request_too_large", "content")
 	case errors.Is(err, chat.ErrEmpty):
-		return apiError(c, http.StatusBadRequest, "The message is empty.", "invalid_request_error", "invalid_request")
+		return apiErrorParam(c, http.StatusBadRequest, "The message is empty.", invalid, "invalid_request", "content")
 	case errors.Is(err, chat.ErrTitleTooLong):
-		return apiError(c, http.StatusBadRequest,
-			"The title is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", "invalid_request_error", "invalid_request")
+		return apiErrorParam(c, http.StatusBadRequest,
+			"The title is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", invalid, "invalid_request", "title")
 	case errors.Is(err, chat.ErrQueryTooLong):
-		return apiError(c, http.StatusBadRequest,
-			"The search is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", "invalid_request_error", "invalid_request")
+		return apiErrorParam(c, http.StatusBadRequest,
+			"The search is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", invalid, "invalid_request", "q")
 	case errors.Is(err, chat.ErrBadCursor):
-		return apiError(c, http.StatusBadRequest, "Unknown cursor.", "invalid_request_error", "invalid_request")
+		return apiErrorParam(c, http.StatusBadRequest, "Unknown cursor.", invalid, "invalid_request", "cursor")
 	case errors.Is(err, chat.ErrBadFormat):
-		return apiError(c, http.StatusBadRequest, "format must be md or json.", "invalid_request_error", "invalid_request")
+		return apiErrorParam(c, http.StatusBadRequest, "format must be md or json.", invalid, "invalid_request", "format")
 	case errors.Is(err, chat.ErrBusy):
 		return apiError(c, http.StatusConflict, "A reply is still being written in this conversation; wait for it or stop it.",
 			"invalid_request_error", "conversation_busy")
@@ -113,11 +90,7 @@ func (h *Handler) CreateConversation(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	body, ok, err := chatBody(c, "model")
-	if !ok {
-		return err
-	}
-	model, ok, err := stringField(c, body, "model", false)
+	model, ok, err := stringBody(c, "model")
 	if !ok {
 		return err
 	}
@@ -177,11 +150,7 @@ func (h *Handler) RenameConversation(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	body, ok, err := chatBody(c, "title")
-	if !ok {
-		return err
-	}
-	title, ok, err := stringField(c, body, "title", false)
+	title, ok, err := stringBody(c, "title")
 	if !ok {
 		return err
 	}
@@ -236,11 +205,7 @@ func (h *Handler) SendMessage(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	body, ok, err := chatBody(c, "content")
-	if !ok {
-		return err
-	}
-	content, ok, err := stringField(c, body, "content", false)
+	content, ok, err := stringBody(c, "content")
 	if !ok {
 		return err
 	}

@@ -31,14 +31,14 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
 	from := 0
-	last := c.Get("Last-Event-ID")
+	last, param := c.Get("Last-Event-ID"), "Last-Event-ID"
 	if last == "" {
-		last = c.Query("last_event_id")
+		last, param = c.Query("last_event_id"), "last_event_id"
 	}
 	if last != "" {
 		n, err := strconv.Atoi(strings.TrimSpace(last))
 		if err != nil || n < 0 {
-			return apiError(c, http.StatusBadRequest, "Last-Event-ID must be a non-negative integer.", "invalid_request_error", "invalid_request")
+			return apiErrorParam(c, http.StatusBadRequest, "Last-Event-ID must be a non-negative integer.", "invalid_request_error", "invalid_request", param)
 		}
 		from = n
 	}

@@ -3,7 +3,9 @@
 package handlers
 
 import (
+	"errors"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -79,8 +81,24 @@ func (h *Handler) limitKey(c *fiber.Ctx) string {
 
 // apiError writes an error in OpenAI's format.
 func apiError(c *fiber.Ctx, status int, message, typ, code string) error {
+	return apiErrorParam(c, status, message, typ, code, "")
+}
+
+// apiErrorParam writes an error in OpenAI's format whose param names the
+// request field at fault: SDKs show it, and a client can point at the field.
+func apiErrorParam(c *fiber.Ctx, status int, message, typ, code, param string) error {
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Status(status).Send(gateway.ErrorBody(message, typ, code))
+	return c.Status(status).Send(gateway.ErrorBodyParam(message, typ, code, param))
+}
+
+// badBody answers a JSON body the API refuses: 400 in OpenAI's shape, param
+// naming the field at fault when it is known.
+func badBody(c *fiber.Ctx, err error) error {
+	var bad *bodyError
+	if !errors.As(err, &bad) {
+		bad = &bodyError{Message: "request body is not valid JSON"}
+	}
+	return apiErrorParam(c, http.StatusBadRequest, bad.Message, "invalid_request_error", "invalid_request", bad.Param)
 }
 
 // writeResponse writes a gateway response. A streamed body is pulled by

@@ -125,6 +125,12 @@ func TestRepeatedFieldsAreRefused(t *testing.T) {
 		{"stream", `{"model":"m1","stream":false,"messages":[{"role":"user","content":"x"}],"stream":true}`, "stream"},
 		{"include_usage", `{"model":"m1","stream":true,"stream_options":{"include_usage":true,"include_usage":false},"messages":[{"role":"user","content":"x"}]}`, "stream_options.include_usage"},
 		{"max_tokens", `{"model":"m1","max_tokens":1,"messages":[{"role":"user","content":"x"}],"max_tokens":100000}`, "max_tokens"},
+		// n closes every choice of a stopped stream; tools and each
+		// message's role, content and tool_calls estimate a cut prompt.
+		{"n", `{"model":"m1","n":1,"messages":[{"role":"user","content":"x"}],"n":4}`, "n"},
+		{"tools", `{"model":"m1","tools":[],"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, "tools"},
+		{"content", `{"model":"m1","messages":[{"role":"user","content":"a","content":"b"}]}`, "messages[0].content"},
+		{"role", `{"model":"m1","messages":[{"role":"user","content":"a"},{"role":"user","content":"b","Role":"system"}]}`, "messages[1].role"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -151,9 +157,11 @@ func TestRepeatedFieldsAreRefused(t *testing.T) {
 			}
 		})
 	}
-	// Repeats the gateway does not read pass through untouched.
+	// Repeats the gateway does not read pass through untouched. (A
+	// message's repeated content passed too until the prompt estimate
+	// began to read it.)
 	resp, got := guardPost(t, http.DefaultClient, e.URL+"/v1/chat/completions",
-		[]byte(`{"model":"m1","temperature":1,"temperature":0,"messages":[{"role":"user","content":"a","content":"b"}]}`), auth)
+		[]byte(`{"model":"m1","temperature":1,"temperature":0,"messages":[{"role":"user","content":"a","name":"x","name":"y"}]}`), auth)
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("repeats of other keys: %d %s", resp.StatusCode, got)
 	}

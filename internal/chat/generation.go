@@ -99,41 +99,74 @@ func errorMessage(resp *gateway.Response) string {
 func (g *generation) read(stream io.ReadCloser) {
 	g.streaming = true
 	defer stream.Close()
-	br := bufio.NewReaderSize(stream, 32<<10)
+	err := readData(bufio.NewReaderSize(stream, 32<<10), func(payload []byte) bool {
+		g.frame(readDelta(payload))
+		if g.overflow {
+			// Closing early cuts the engine off; the gateway ends the
+			// request (and calls onEnd) right there.
+			_ = stream.Close()
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		g.s.log.Warn("read chat answer", "inference_id", g.id, "err", err)
+	}
+}
+
+// readData calls fn with the payload of each "data:" line of an SSE
+// stream (the field name, one optional space and the line end cut), until
+// fn returns false or the stream ends; it returns the read error, nil at
+// the end of the stream. The payload is valid only during the call.
+func readData(br *bufio.Reader, fn func(payload []byte) bool) error {
 	for {
 		line, err := br.ReadBytes('\n')
 		if payload, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:")); ok {
-			g.frame(bytes.TrimPrefix(payload, []byte(" ")))
-			if g.overflow {
-				// Closing early cuts the engine off; the gateway ends the
-				// request (and calls onEnd) right there.
-				_ = stream.Close()
-				return
+			if !fn(bytes.TrimPrefix(payload, []byte(" "))) {
+				return nil
 			}
 		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				g.s.log.Warn("read chat answer", "inference_id", g.id, "err", err)
-			}
-			return
+			return fmt.Errorf("read SSE line: %w", err)
 		}
 	}
 }
 
-// frame takes one data payload of the answer.
-func (g *generation) frame(payload []byte) {
+// delta is what one data payload of the answer holds for the chat: a piece
+// of the first choice's text, an error the engine reported, or nothing.
+type delta struct {
+	text      string
+	engineErr string
+}
+
+// readDelta reads one data payload of the answer. Anything that is not a
+// JSON chunk ([DONE], a comment, a torn frame) holds nothing.
+func readDelta(payload []byte) delta {
 	// jsonguard, not gjson.ValidBytes: an engine's frame may be up to 4 MB,
 	// and gjson's validator recurses once per nesting level.
 	if len(payload) == 0 || string(payload) == "[DONE]" || jsonguard.Validate(payload, nil) != nil {
-		return
+		return delta{}
 	}
 	if e := gjson.GetBytes(payload, "error"); e.Exists() && e.Type != gjson.Null {
-		if g.engineErr = e.Get("message").String(); g.engineErr == "" {
-			g.engineErr = "The model reported an error."
+		msg := e.Get("message").String()
+		if msg == "" {
+			msg = "The model reported an error."
 		}
+		return delta{engineErr: msg}
+	}
+	return delta{text: gjson.GetBytes(payload, "choices.0.delta.content").String()}
+}
+
+// frame takes one data payload of the answer.
+func (g *generation) frame(d delta) {
+	if d.engineErr != "" {
+		g.engineErr = d.engineErr
 		return
 	}
-	text := gjson.GetBytes(payload, "choices.0.delta.content").String()
+	text := d.text
 	if text == "" {
 		return
 	}

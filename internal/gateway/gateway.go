@@ -663,14 +663,13 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 func (x *exchange) stoppedEnding(res *proxy.RelayResult) []byte {
 	x.row.UsageSource = models.UsageFromCounted
 	id, model, created := res.ID, res.Model, res.Created
-	role := id == "" // nothing came from the engine: the chunk opens the message too
 	if id == "" {
 		id, created = "chatcmpl-"+x.call.ID, x.call.Start.Unix()
 	}
 	if model == "" {
 		model = x.req.Model
 	}
-	b := proxy.FinishChunk(id, model, created, res.Unfinished(x.choices()), role)
+	b := proxy.FinishChunk(id, model, created, res.Unfinished(x.choices()))
 	if x.req.ClientWantsUsage {
 		x.estimatePrompt()
 		b = append(b, proxy.UsageChunk(id, model, created,
@@ -771,7 +770,7 @@ func (x *exchange) upstreamFailed(err error) *Response {
 func (x *exchange) stoppedBeforeAnswer() *Response {
 	id, created := "chatcmpl-"+x.call.ID, x.call.Start.Unix()
 	if x.req.Stream {
-		b := proxy.FinishChunk(id, x.req.Model, created, (&proxy.RelayResult{}).Unfinished(x.choices()), true)
+		b := proxy.FinishChunk(id, x.req.Model, created, (&proxy.RelayResult{}).Unfinished(x.choices()))
 		if x.req.ClientWantsUsage {
 			b = append(b, proxy.UsageChunk(id, x.req.Model, created,
 				proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})...)
@@ -780,8 +779,13 @@ func (x *exchange) stoppedBeforeAnswer() *Response {
 		return &Response{Status: http.StatusOK, ContentType: "text/event-stream; charset=utf-8", Header: x.streamHeader(),
 			BodyStream: io.NopCloser(bytes.NewReader(b))}
 	}
-	body := fmt.Sprintf(`{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
-		id, created, x.req.Model, x.row.PromptTokens, x.row.PromptTokens)
+	// One empty choice for each of the n asked for: a client reads them by index.
+	choices := make([]string, x.choices())
+	for i := range choices {
+		choices[i] = `{"index":` + strconv.Itoa(i) + `,"message":{"role":"assistant","content":""},"finish_reason":"stop"}`
+	}
+	body := fmt.Sprintf(`{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[%s],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
+		id, created, x.req.Model, strings.Join(choices, ","), x.row.PromptTokens, x.row.PromptTokens)
 	return &Response{Status: http.StatusOK, ContentType: "application/json", Header: x.hdr, Body: []byte(body)}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -24,6 +25,11 @@ func FuzzValidate(f *testing.F) {
 		`{"model":"a","model":"b"}`, `{"model":"a","mod\u0065l":"b"}`, `{"MODEL":"a"}`, `{"ſtream":true}`,
 		`{"stream_options":{"include_usage":true,"include_usage":false}}`, `{"max_to\u212Aens":1}`,
 		`{"stream_options":[{"include_usage":1,"include_usage":2}]}`, `{"\ud83d\ude00":1,"\ud83d":2}`,
+		`{"n":1,"n":2}`, `{"N":2}`, `{"tools":[],"tools":[{}]}`,
+		`{"messages":[{"role":"user","content":"a","content":"b"}]}`, `{"messages":[1,{"role":"a"},{"role":"b","ROLE":"c"}]}`,
+		`{"messages":[[{"content":1,"content":2}],{"tool_calls":[],"tool_c\u0061lls":[]}]}`,
+		`{"messages":{"content":1,"content":2},"x":[{"role":1,"role":2}]}`,
+		`{"messages":[{"content":[{"type":"text","text":"a","text":"b"}]}]}`,
 	} {
 		f.Add([]byte(doc))
 	}
@@ -97,6 +103,9 @@ func watchOracle(t *testing.T, data []byte) (Kind, string) {
 	type frame struct {
 		object, wantKey bool
 		parent          string // the watched field this object is the value of
+		eachOf          string // the watched field this array is the value of
+		elem            int    // the index of this array's current element
+		elemPath        string // "messages[2]" for an object element of eachOf
 		seen            map[string]bool
 	}
 	var stack []*frame
@@ -128,11 +137,20 @@ func watchOracle(t *testing.T, data []byte) (Kind, string) {
 						names = f.Inner
 					}
 				}
+			case len(stack) == 3 && top.elemPath != "":
+				for _, f := range chatWatch {
+					if strings.HasPrefix(top.elemPath, f.Name+"[") {
+						names = f.Each
+					}
+				}
 			}
 			for _, name := range names {
 				path := name
-				if top.parent != "" {
+				switch {
+				case top.parent != "":
 					path = top.parent + "." + name
+				case top.elemPath != "":
+					path = top.elemPath + "." + name
 				}
 				if key != name && strings.EqualFold(key, name) {
 					return CaseVariant, path
@@ -147,16 +165,26 @@ func watchOracle(t *testing.T, data []byte) (Kind, string) {
 			}
 			continue
 		}
-		// A value.
+		// A value, or the end of a container.
+		closing := tok == json.Delim('}') || tok == json.Delim(']')
+		if !closing && top != nil && top.eachOf != "" {
+			top.elem++
+		}
 		switch tok {
 		case json.Delim('{'), json.Delim('['):
-			f := &frame{object: tok == json.Delim('{'), wantKey: tok == json.Delim('{'), seen: map[string]bool{}}
-			if len(stack) == 1 && top.object && f.object {
+			f := &frame{object: tok == json.Delim('{'), wantKey: tok == json.Delim('{'), elem: -1, seen: map[string]bool{}}
+			if len(stack) == 1 && top.object {
 				for _, w := range chatWatch {
-					if w.Name == lastKey && len(w.Inner) > 0 {
+					if w.Name == lastKey && f.object && len(w.Inner) > 0 {
 						f.parent = lastKey
 					}
+					if w.Name == lastKey && !f.object && len(w.Each) > 0 {
+						f.eachOf = lastKey
+					}
 				}
+			}
+			if len(stack) == 2 && top.eachOf != "" && f.object {
+				f.elemPath = top.eachOf + "[" + strconv.Itoa(top.elem) + "]"
 			}
 			stack = append(stack, f)
 			continue

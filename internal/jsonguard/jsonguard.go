@@ -29,21 +29,25 @@ import (
 // (gjson, the engines' parsers) far from the end of its stack.
 const MaxDepth = 128
 
-// maxWatched bounds the fields of a Watch, and the inner names of a Field:
-// which of them were seen is kept in a uint64.
+// maxWatched bounds the fields of a Watch, and the inner and element names
+// of a Field: which of them were seen is kept in a uint64.
 const maxWatched = 64
 
 // Field is a member of the top-level object whose repeats are refused.
 // Inner names the members of its value, when that value is an object,
-// whose repeats are refused too (stream_options.include_usage).
+// whose repeats are refused too (stream_options.include_usage). Each names
+// the members of every object in its value, when that value is an array,
+// whose repeats are refused within that object (messages[i].content): one
+// level down, like Inner, so the pass stays flat.
 type Field struct {
 	Name  string
 	Inner []string
+	Each  []string
 }
 
 // Watch lists the fields of the top-level object that the caller reads or
-// writes; at most 64, each with at most 64 inner names, all ASCII, no two
-// equal but for letter case.
+// writes; at most 64, each with at most 64 inner and 64 element names, all
+// ASCII, no two equal but for letter case.
 //
 // Keys are compared the way the engines read them: after decoding escapes
 // ("mod\u0065l" is model). And because Go's encoding/json (Ollama) matches
@@ -78,8 +82,9 @@ type Error struct {
 	// Detail says what is wrong, for Syntax.
 	Detail string
 	// Field is the watched field a refused key stands for, for Duplicate
-	// and CaseVariant: "model", or "stream_options.include_usage" inside a
-	// watched object.
+	// and CaseVariant: "model", "stream_options.include_usage" inside a
+	// watched object, or "messages[2].content" inside the third element of
+	// a watched array.
 	Field string
 	// Key is the refused key as written, escapes undecoded, for
 	// CaseVariant (cut to 64 bytes).
@@ -124,10 +129,19 @@ func Validate(data []byte, w Watch) error {
 		// depth 2, or -1; innerSeen marks its inner names met so far.
 		inner     = -1
 		innerSeen uint64
-		err       *Error
+		// each is the index in w of the field whose array is open at depth
+		// 2, or -1; elem is the index of its element being read, and
+		// eachSeen marks the element names met in that element so far.
+		each     = -1
+		elem     = -1
+		eachSeen uint64
+		err      *Error
 	)
 
 value:
+	if depth == 2 && each >= 0 {
+		elem++ // an element of the watched array begins
+	}
 	i = skipSpace(data, i)
 	if i >= n {
 		return endErr(n)
@@ -143,11 +157,17 @@ value:
 			objects[depth>>6] &^= 1 << (depth & 63)
 		}
 		depth++
-		if depth == 2 {
-			inner, innerSeen = -1, 0
-			if c == '{' {
+		switch {
+		case depth == 2:
+			inner, innerSeen, each, elem = -1, 0, -1, -1
+			if pending >= 0 && c == '{' && len(w[pending].Inner) > 0 {
 				inner = pending
 			}
+			if pending >= 0 && c == '[' && len(w[pending].Each) > 0 {
+				each = pending
+			}
+		case depth == 3 && each >= 0:
+			eachSeen = 0 // a new element: its names start unseen
 		}
 		i = skipSpace(data, i+1)
 		if i < n && (data[i] == '}' && c == '{' || data[i] == ']' && c == '[') {
@@ -248,7 +268,7 @@ key:
 					return &Error{Kind: Duplicate, Offset: start, Field: w[k].Name}
 				}
 				seen |= 1 << k
-				if len(w[k].Inner) > 0 {
+				if len(w[k].Inner) > 0 || len(w[k].Each) > 0 {
 					pending = k
 				}
 				break
@@ -270,6 +290,27 @@ key:
 					return &Error{Kind: Duplicate, Offset: start, Field: w[inner].Name + "." + name}
 				}
 				innerSeen |= 1 << k
+				break
+			}
+		case depth == 3 && each >= 0:
+			// depth 3 is an element of the watched array: only an object
+			// there has keys.
+			names := w[each].Each
+			if len(names) > maxWatched {
+				panic("jsonguard: more than 64 element names in a watched field")
+			}
+			for k, name := range names {
+				m := match(raw, esc, name)
+				if m == noMatch {
+					continue
+				}
+				if m == folded {
+					return caseErr(start, raw, name, elemField(w[each].Name, elem))
+				}
+				if eachSeen&(1<<k) != 0 {
+					return &Error{Kind: Duplicate, Offset: start, Field: elemField(w[each].Name, elem) + "." + name}
+				}
+				eachSeen |= 1 << k
 				break
 			}
 		}
@@ -440,6 +481,11 @@ func unexpected(data []byte, i int, where string) *Error {
 		s = fmt.Sprintf("byte 0x%02x", c)
 	}
 	return &Error{Kind: Syntax, Offset: i, Detail: "invalid character " + s + " " + where}
+}
+
+// elemField names element i of watched array field: "messages[2]".
+func elemField(field string, i int) string {
+	return field + "[" + strconv.Itoa(i) + "]"
 }
 
 func caseErr(start int, raw []byte, name, parent string) *Error {

@@ -18,7 +18,8 @@ import (
 // writes.
 var chatWatch = Watch{
 	{Name: "model"}, {Name: "stream"}, {Name: "stream_options", Inner: []string{"include_usage"}},
-	{Name: "max_tokens"}, {Name: "max_completion_tokens"}, {Name: "messages"},
+	{Name: "max_tokens"}, {Name: "max_completion_tokens"},
+	{Name: "messages", Each: []string{"role", "content", "tool_calls"}}, {Name: "n"}, {Name: "tools"},
 }
 
 // corpus returns documents valid and invalid, edge cases first, then the
@@ -197,7 +198,18 @@ func TestWatchedKeys(t *testing.T) {
 		{"include_usage in two objects", chatWatch, `{"stream_options":{"include_usage":true},"x":{"include_usage":false}}`, 0, "", 0},
 		{"include_usage at the top level", chatWatch, `{"include_usage":true,"stream_options":{"include_usage":true},"include_usage":false}`, 0, "", 0},
 		{"stream_options as an array", chatWatch, `{"stream_options":[{"include_usage":true,"include_usage":false}]}`, 0, "", 0},
-		{"nested repeats pass", chatWatch, `{"model":"m","messages":[{"role":"user","role":"system","content":"a","content":"b"}],"tools":[{"model":1,"model":2}],"x":{"stream":1,"stream":2}}`, 0, "", 0},
+		{"nested repeats pass", chatWatch, `{"model":"m","messages":[{"role":"user","name":"a","name":"b","content":[{"text":"a","text":"b"}]}],"tools":[{"model":1,"model":2}],"x":{"stream":1,"stream":2}}`, 0, "", 0},
+		{"n twice", chatWatch, `{"model":"m","n":1,"n":8}`, Duplicate, "n", 19},
+		{"n in another case", chatWatch, `{"model":"m","N":8}`, CaseVariant, "n", 13},
+		{"tools twice", chatWatch, `{"tools":[],"tools":[{"type":"function"}]}`, Duplicate, "tools", 12},
+		{"content twice in a message", chatWatch, `{"messages":[{"role":"user","content":"a","content":"b"}]}`, Duplicate, "messages[0].content", 42},
+		{"role twice in the second message", chatWatch, `{"messages":[{"role":"system"},{"role":"user","role":"system"}]}`, Duplicate, "messages[1].role", 46},
+		{"tool_calls twice, escaped", chatWatch, `{"messages":[1,"x",[],{"tool_calls":[],"tool_c\u0061lls":[{}]}]}`, Duplicate, "messages[3].tool_calls", 39},
+		{"content in another case", chatWatch, `{"messages":[{"role":"user","Content":"b"}]}`, CaseVariant, "messages[0].content", 28},
+		{"each message checked alone", chatWatch, `{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"x":[{"content":1,"content":2}]}`, 0, "", 0},
+		{"messages as an object", chatWatch, `{"messages":{"content":1,"content":2}}`, 0, "", 0},
+		{"deeper than a message", chatWatch, `{"messages":[{"content":[{"content":1,"content":2}]},[{"role":1,"role":2}]]}`, 0, "", 0},
+		{"messages repeated after one", chatWatch, `{"messages":[{"role":"user"}],"messages":[]}`, Duplicate, "messages", 30},
 		{"unwatched repeats pass", chatWatch, `{"model":"m","temperature":1,"temperature":2,"seed":1,"seed":2}`, 0, "", 0},
 		{"top-level array", chatWatch, `[{"model":"a"},{"model":"b"}]`, 0, "", 0},
 		{"case variant", chatWatch, `{"model":"allowed","MODEL":"secret"}`, CaseVariant, "model", 19},

@@ -115,6 +115,9 @@ type gen struct {
 	disconnectAfter int
 	// streamErrorAfter: see knobs.
 	streamErrorAfter int
+	// choices is n: each choice gets the same tokens, interleaved one
+	// frame per choice and token as vLLM streams them.
+	choices int
 }
 
 // maxModelLen is the context window the mock claims. Like vLLM it refuses
@@ -195,6 +198,11 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
+	choices, err := choiceCount(req.Get("n"))
+	if err != nil {
+		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
 	prompt := promptTokens(msgs)
 	if prompt+n > maxModelLen {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf(
@@ -216,6 +224,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		model:            model,
 		tokens:           tokens,
 		finish:           finish,
+		choices:          choices,
 		promptTokens:     prompt,
 		includeUsage:     rec.IncludeUsage,
 		pace:             s.pacing(k),
@@ -256,7 +265,25 @@ func (s *Server) completionLength(req gjson.Result, k knobs) (int, string, error
 	return s.opts.Tokens, "stop", nil
 }
 
-// stream writes the answer as Server-Sent Events in vLLM's chunk format.
+// maxChoices bounds n: every choice costs the mock a frame per token.
+const maxChoices = 64
+
+// choiceCount reads n, the number of choices: 1 when missing or null.
+func choiceCount(v gjson.Result) (int, error) {
+	switch {
+	case v.Type == gjson.Null:
+		return 1, nil
+	case v.Type != gjson.Number || v.Float() != float64(v.Int()):
+		return 0, fmt.Errorf("n must be an integer, got %s", v.Raw)
+	case v.Int() < 1 || v.Int() > maxChoices:
+		return 0, fmt.Errorf("n must be between 1 and %d, got %d", maxChoices, v.Int())
+	}
+	return int(v.Int()), nil
+}
+
+// stream writes the answer as Server-Sent Events in vLLM's chunk format:
+// with n > 1, a role chunk for every choice first, then each token as one
+// chunk per choice, then each choice's finish chunk.
 func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record, g gen) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -284,9 +311,11 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 
 	prefix := fmt.Sprintf(`{"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[`,
 		jstr(g.id), g.created, jstr(g.model))
-	if err := send(prefix + `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`); err != nil {
-		s.cancelled(rec, "ttft", err)
-		return
+	for c := range g.choices {
+		if err := send(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`); err != nil {
+			s.cancelled(rec, "ttft", err)
+			return
+		}
 	}
 	for i, tok := range g.tokens {
 		if i == g.disconnectAfter {
@@ -303,9 +332,11 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 			s.cancelled(rec, "streaming", context.Cause(ctx))
 			return
 		}
-		if err := send(prefix + `{"index":0,"delta":{"content":` + jstr(tok) + `},"logprobs":null,"finish_reason":null}]}`); err != nil {
-			s.cancelled(rec, "streaming", err)
-			return
+		for c := range g.choices {
+			if err := send(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"content":` + jstr(tok) + `},"logprobs":null,"finish_reason":null}]}`); err != nil {
+				s.cancelled(rec, "streaming", err)
+				return
+			}
 		}
 		s.update(rec, func(r *Record) { r.ChunksSent = i + 1 })
 	}
@@ -313,11 +344,12 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 		s.abort(rec)
 	}
 
-	frames := []string{
-		prefix + `{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":` + jstr(g.finish) + `,"stop_reason":null}]}`,
+	var frames []string
+	for c := range g.choices {
+		frames = append(frames, prefix+`{"index":`+strconv.Itoa(c)+`,"delta":{"content":""},"logprobs":null,"finish_reason":`+jstr(g.finish)+`,"stop_reason":null}]}`)
 	}
 	if g.includeUsage {
-		frames = append(frames, prefix+`],"usage":`+usageJSON(g.promptTokens, len(g.tokens))+`}`)
+		frames = append(frames, prefix+`],"usage":`+usageJSON(g.promptTokens, g.choices*len(g.tokens))+`}`)
 	}
 	frames = append(frames, "[DONE]")
 	for _, f := range frames {
@@ -349,8 +381,13 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, rec *Recor
 	if g.disconnectAfter >= len(g.tokens) {
 		s.abort(rec)
 	}
-	body := fmt.Sprintf(`{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%s,"tool_calls":[]},"logprobs":null,"finish_reason":%s,"stop_reason":null}],"usage":%s,"prompt_logprobs":null}`,
-		jstr(g.id), g.created, jstr(g.model), jstr(strings.Join(g.tokens, "")), jstr(g.finish), usageJSON(g.promptTokens, len(g.tokens)))
+	choices := make([]string, g.choices)
+	for c := range choices {
+		choices[c] = fmt.Sprintf(`{"index":%d,"message":{"role":"assistant","content":%s,"tool_calls":[]},"logprobs":null,"finish_reason":%s,"stop_reason":null}`,
+			c, jstr(strings.Join(g.tokens, "")), jstr(g.finish))
+	}
+	body := fmt.Sprintf(`{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[%s],"usage":%s,"prompt_logprobs":null}`,
+		jstr(g.id), g.created, jstr(g.model), strings.Join(choices, ","), usageJSON(g.promptTokens, g.choices*len(g.tokens)))
 	s.update(rec, func(r *Record) { r.Status = http.StatusOK })
 	if err := writeJSON(w, http.StatusOK, []byte(body)); err != nil {
 		s.cancelled(rec, "writing", err)

@@ -689,3 +689,56 @@ func TestEchoAnswersTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// n > 1 streams as vLLM does: a role chunk per choice, then each token as
+// one chunk per choice, then each choice's finish; usage sums the choices.
+func TestStreamSeveralChoices(t *testing.T) {
+	_, ts := start(t, Options{})
+	status, _, got := do(t, ts.URL, `{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":2,"n":2,"stream_options":{"include_usage":true}}`)
+	m := headRE.FindStringSubmatch(got)
+	if status != http.StatusOK || m == nil {
+		t.Fatalf("status %d:\n%s", status, got)
+	}
+	head := `data: {"id":"` + m[1] + `","object":"chat.completion.chunk","created":` + m[2] + `,"model":"mock","choices":[`
+	var want strings.Builder
+	for _, c := range []string{"0", "1"} {
+		want.WriteString(head + `{"index":` + c + `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	for _, tok := range []string{"Once", " upon"} {
+		for _, c := range []string{"0", "1"} {
+			want.WriteString(head + `{"index":` + c + `,"delta":{"content":"` + tok + `"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+		}
+	}
+	for _, c := range []string{"0", "1"} {
+		want.WriteString(head + `{"index":` + c + `,"delta":{"content":""},"logprobs":null,"finish_reason":"length","stop_reason":null}]}` + "\n\n")
+	}
+	want.WriteString(head + `],"usage":{"prompt_tokens":2,"total_tokens":6,"completion_tokens":4}}` + "\n\n" + "data: [DONE]\n\n")
+	if got != want.String() {
+		t.Errorf("stream mismatch\n got: %q\nwant: %q", got, want.String())
+	}
+}
+
+func TestNonStreamSeveralChoices(t *testing.T) {
+	_, ts := start(t, Options{})
+	status, _, got := do(t, ts.URL, `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":3}`)
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, got)
+	}
+	for _, c := range []string{"0", "1", "2"} {
+		if !strings.Contains(got, `{"index":`+c+`,"message":{"role":"assistant","content":"Once upon","tool_calls":[]},"logprobs":null,"finish_reason":"length","stop_reason":null}`) {
+			t.Errorf("choice %s missing: %s", c, got)
+		}
+	}
+	if !strings.Contains(got, `"usage":{"prompt_tokens":2,"total_tokens":8,"completion_tokens":6}`) {
+		t.Errorf("usage does not sum the choices: %s", got)
+	}
+	for body, msg := range map[string]string{
+		`{"model":"mock","messages":[{"role":"user","content":"x"}],"n":0}`:   "n must be between 1 and 64, got 0",
+		`{"model":"mock","messages":[{"role":"user","content":"x"}],"n":1.5}`: "n must be an integer, got 1.5",
+		`{"model":"mock","messages":[{"role":"user","content":"x"}],"n":"2"}`: `n must be an integer, got "2"`,
+	} {
+		if status, _, got := do(t, ts.URL, body); status != http.StatusBadRequest || !strings.Contains(got, jstr(msg)) {
+			t.Errorf("%s: %d %s", body, status, got)
+		}
+	}
+}

@@ -41,13 +41,21 @@ func (e *BadRequestError) Error() string { return e.Message }
 // repeat of one is refused: gjson and sjson take the first of repeated keys,
 // the engines (vLLM's pydantic, Ollama, llama.cpp) the last, so the gateway
 // would route, meter and patch one request and the engine run another.
+//
+// n is read to close every choice of a stopped stream; tools and each
+// message's role, content and tool_calls to estimate the prompt of a
+// request cut short (EstimatePromptTokens). Deeper members (a content
+// part's type and text) are beyond the guard's one flat pass: the estimate
+// reads every repeat of those, so it never counts less than an engine reads.
 var requestWatch = jsonguard.Watch{
 	{Name: "model"},
 	{Name: "stream"},
 	{Name: "stream_options", Inner: []string{"include_usage"}},
 	{Name: "max_tokens"},
 	{Name: "max_completion_tokens"},
-	{Name: "messages"},
+	{Name: "messages", Each: []string{"role", "content", "tool_calls"}},
+	{Name: "n"},
+	{Name: "tools"},
 }
 
 // ParseRequest reads the fields the gateway needs and checks their types.

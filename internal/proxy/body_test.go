@@ -53,6 +53,12 @@ func TestParseRequestRefusesRepeatedFields(t *testing.T) {
 		{`{"model":"m","max_tokens":1,"max_tokens":100000}`, "max_tokens", `duplicate key "max_tokens" in the request body`},
 		{`{"model":"m","max_completion_tokens":1,"max_completion_tokens":2}`, "max_completion_tokens", `duplicate key "max_completion_tokens" in the request body`},
 		{`{"model":"m","messages":[],"messages":[{"role":"user","content":"x"}]}`, "messages", `duplicate key "messages" in the request body`},
+		{`{"model":"m","n":1,"n":8}`, "n", `duplicate key "n" in the request body`},
+		{`{"model":"m","tools":[],"tools":[{"type":"function","function":{"name":"f"}}]}`, "tools", `duplicate key "tools" in the request body`},
+		// The prompt estimate reads each message's role, content and tool_calls.
+		{`{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}`, "messages[0].content", `duplicate key "messages[0].content" in the request body`},
+		{`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","tool_calls":[],"role":"user","content":"b"}]}`, "messages[1].role", `duplicate key "messages[1].role" in the request body`},
+		{`{"model":"m","messages":[{"role":"assistant","tool_calls":[],"tool_calls":[{"id":"x"}]}]}`, "messages[0].tool_calls", `duplicate key "messages[0].tool_calls" in the request body`},
 		{`{"model":"allowed","MODEL":"secret"}`, "model", `key "MODEL" in the request body differs from "model" only in letter case; some engines read it as "model"`},
 		{`{"model":"m","Stream":true}`, "stream", `key "Stream" in the request body differs from "stream" only in letter case; some engines read it as "stream"`},
 	}
@@ -65,7 +71,7 @@ func TestParseRequestRefusesRepeatedFields(t *testing.T) {
 	}
 	// Repeats elsewhere pass through untouched: only the gateway's fields matter.
 	for _, body := range []string{
-		`{"model":"m","messages":[{"role":"user","content":"a","content":"b"}],"temperature":1,"temperature":0}`,
+		`{"model":"m","messages":[{"role":"user","content":"a","name":"x","name":"y"}],"temperature":1,"temperature":0}`,
 		`{"model":"m","tools":[{"model":"x","model":"y"}],"metadata":{"stream":true,"stream":false}}`,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true,"continuous_usage_stats":false}}`,
 	} {

@@ -33,14 +33,8 @@ func EstimatePromptTokens(body []byte) int {
 					return true
 				}
 				v.ForEach(func(_, part gjson.Result) bool {
-					switch part.Get("type").Str {
-					case "text":
-						chars += utf8.RuneCountInString(part.Get("text").Str)
-					case "image_url", "input_image", "image":
-						tokens += tokensPerImage
-					default:
-						chars += len(part.Raw) / 2 // audio, files: a rough share
-					}
+					c, t := estimatePart(part)
+					chars, tokens = chars+c, tokens+t
 					return true
 				})
 			case "tool_calls", "function_call":
@@ -58,4 +52,38 @@ func EstimatePromptTokens(body []byte) int {
 		chars += len(tools.Raw)
 	}
 	return tokens + (chars+charsPerToken-1)/charsPerToken
+}
+
+// estimatePart estimates one content part: its text, a fixed cost for an
+// image, a rough share of anything else (audio, files). Its members are read
+// in one pass with every repeat counted, not with Get (the first of repeated
+// keys): the request guard refuses repeats only down to a message's own
+// members, and an engine reads the last of repeated keys, so a first-wins
+// read could be steered to count less than the engine reads.
+func estimatePart(part gjson.Result) (chars, tokens int) {
+	hasText, image := false, false
+	part.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "type":
+			switch v.Str {
+			case "text":
+				hasText = true
+			case "image_url", "input_image", "image":
+				image = true
+			}
+		case "text":
+			if v.Type == gjson.String {
+				chars += utf8.RuneCountInString(v.Str)
+				hasText = true
+			}
+		}
+		return true
+	})
+	if image {
+		tokens += tokensPerImage
+	}
+	if !hasText && !image {
+		chars += len(part.Raw) / 2
+	}
+	return chars, tokens
 }

@@ -104,6 +104,10 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`,
 		` {"model" : "m\u00e9" , "stream" : true , "stream_options" : { } } `,
 		`{"model":"m","x":` + strings.Repeat("[", 130) + `}`,
+		`{"model":"m","n":2,"n":1,"tools":[]}`,
+		`{"model":"m","stream":true,"n":3,"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"bb"}]},{"role":"assistant","tool_calls":[],"Tool_Calls":[]}]}`,
 	} {
 		f.Add([]byte(b), "")
 		f.Add([]byte(b), "up")

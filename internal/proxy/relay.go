@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math/bits"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -63,7 +64,8 @@ type RelayResult struct {
 	Model   string
 	Created int64
 	// choices and finished are bitmasks of the choice indexes (below 64)
-	// seen in chunks and given a finish_reason.
+	// of the chunks handed to the client, and of those given a
+	// finish_reason there.
 	choices, finished uint64
 }
 
@@ -71,21 +73,32 @@ type RelayResult struct {
 // far smaller in practice.
 const maxTrackedChoices = 64
 
-// Unfinished returns the indexes of the choices that were seen but got no
-// finish_reason, in order; with none seen at all, the n first indexes.
-func (r *RelayResult) Unfinished(n int) []int {
-	var out []int
-	if r.choices == 0 {
-		for i := 0; i < n && i < maxTrackedChoices; i++ {
-			out = append(out, i)
-		}
-		return out
+// OpenChoice is a choice that a stopped stream must still close.
+type OpenChoice struct {
+	Index int
+	// Fresh is true when no chunk of this choice reached the client: the
+	// closing chunk gives its role too (openai-node's finalChatCompletion
+	// refuses a choice without one).
+	Fresh bool
+}
+
+// Unfinished returns the choices the client has not seen finish, in index
+// order: each of the n asked for (0..n-1, at most 64) and any other index
+// the engine sent, that got no finish_reason. A choice the engine had not
+// started yet is one of them: engines that open choices lazily (SGLang
+// sends a choice's role with its first token) or a stop that lands between
+// vLLM's opening chunks leave some of the n without a chunk.
+func (r *RelayResult) Unfinished(n int) []OpenChoice {
+	want := r.choices
+	if n >= maxTrackedChoices {
+		want = ^uint64(0)
+	} else if n > 0 {
+		want |= 1<<n - 1
 	}
-	open := r.choices &^ r.finished
-	for i := 0; i < maxTrackedChoices; i++ {
-		if open&(1<<i) != 0 {
-			out = append(out, i)
-		}
+	var out []OpenChoice
+	for open := want &^ r.finished; open != 0; open &= open - 1 {
+		i := bits.TrailingZeros64(open)
+		out = append(out, OpenChoice{Index: i, Fresh: r.choices&(1<<i) == 0})
 	}
 	return out
 }
@@ -191,8 +204,12 @@ func (s *Stream) next() {
 		s.end()
 		return
 	}
+	opened, finished := s.res.choices, s.res.finished
 	kind := classify(s.frame, &s.res)
 	if s.opts.Stopped != nil && s.opts.Stopped() {
+		// This frame never reaches the client: the choices it opens or
+		// finishes stay open for the closing chunk.
+		s.res.choices, s.res.finished = opened, finished
 		s.res.Stopped = true
 		s.end()
 		return
@@ -468,10 +485,10 @@ func appendJSONString(b []byte, s string) []byte {
 // FinishChunk formats the chunk that closes choices the engine never
 // finished (a stop): an empty delta with finish_reason "stop" for each, with
 // the stream's own id, model and created, so that SDK helpers that assemble
-// the whole completion end cleanly. role adds the assistant role to the
-// delta, for a stream that had no chunk before.
-func FinishChunk(id, model string, created int64, choices []int, role bool) []byte {
-	b := make([]byte, 0, 160+64*len(choices))
+// the whole completion end cleanly. A fresh choice's delta carries the
+// assistant role too, as its first chunk must.
+func FinishChunk(id, model string, created int64, choices []OpenChoice) []byte {
+	b := make([]byte, 0, 160+80*len(choices))
 	b = append(b, `data: {"id":`...)
 	b = appendJSONString(b, id)
 	b = append(b, `,"object":"chat.completion.chunk","created":`...)
@@ -484,8 +501,8 @@ func FinishChunk(id, model string, created int64, choices []int, role bool) []by
 			b = append(b, ',')
 		}
 		b = append(b, `{"index":`...)
-		b = strconv.AppendInt(b, int64(c), 10)
-		if role {
+		b = strconv.AppendInt(b, int64(c.Index), 10)
+		if c.Fresh {
 			b = append(b, `,"delta":{"role":"assistant","content":""}`...)
 		} else {
 			b = append(b, `,"delta":{}`...)

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -45,19 +48,117 @@ func TestUnfinishedChoices(t *testing.T) {
 		"data: {\"id\":\"c1\",\"choices\":[{\"index\":1,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n" +
 		"data: {\"id\":\"c1\",\"choices\":[{\"index\":2,\"delta\":{\"content\":\"c\"}}]}\n\n"
 	_, res := relayString(t, stream)
-	if got := res.Unfinished(1); len(got) != 2 || got[0] != 0 || got[1] != 2 {
+	if got := res.Unfinished(1); !slices.Equal(got, []OpenChoice{{Index: 0}, {Index: 2}}) {
 		t.Errorf("Unfinished = %v, want [0 2]", got)
 	}
-	if got := (&RelayResult{}).Unfinished(3); len(got) != 3 {
-		t.Errorf("with nothing seen, n choices: %v", got)
+	// n asks for choices the engine never started: they are open too.
+	if got := res.Unfinished(4); !slices.Equal(got, []OpenChoice{{Index: 0}, {Index: 2}, {Index: 3, Fresh: true}}) {
+		t.Errorf("Unfinished(4) = %v, want [0 2 3 (fresh)]", got)
+	}
+	if got := (&RelayResult{}).Unfinished(3); !slices.Equal(got, []OpenChoice{{0, true}, {1, true}, {2, true}}) {
+		t.Errorf("with nothing seen, n fresh choices: %v", got)
 	}
 	if got := (&RelayResult{}).Unfinished(1000); len(got) != maxTrackedChoices {
 		t.Errorf("n is bounded: %d", len(got))
 	}
+	if got := (&RelayResult{}).Unfinished(0); !slices.Equal(got, nil) {
+		t.Errorf("n of 0 (the caller's default is 1): %v", got)
+	}
+}
+
+// A stopped stream with n > 1 closes every choice the client has not seen
+// finish — those whose chunks it had, and those of the n the engine had
+// not started (an engine that opens choices lazily, or a stop between
+// vLLM's opening chunks) — and a frame cut off by the stop counts for
+// nothing: it never reached the client.
+func TestStoppedStreamClosesEveryChoice(t *testing.T) {
+	chunk := func(index int, delta, finish string) string {
+		return `data: {"id":"chatcmpl-e","object":"chat.completion.chunk","created":7,"model":"up","choices":[{"index":` +
+			strconv.Itoa(index) + `,"delta":` + delta + `,"logprobs":null,"finish_reason":` + finish + `}]}` + "\n\n"
+	}
+	frames := []string{
+		chunk(0, `{"role":"assistant","content":""}`, "null"),
+		chunk(0, `{"content":"a"}`, "null"),
+		chunk(2, `{"role":"assistant","content":""}`, "null"),
+		chunk(2, `{"content":"b"}`, `"length"`),
+		// The stop lands here: this frame opens choice 1 and finishes 0,
+		// but the client never gets it.
+		chunk(1, `{"role":"assistant","content":"c"}`, "null") + chunk(0, `{}`, `"stop"`),
+	}
+	for _, c := range []struct {
+		name      string
+		stopAfter int
+		want      []OpenChoice
+	}{
+		{"after two choices opened", 4, []OpenChoice{{Index: 0}, {Index: 1, Fresh: true}}},
+		{"before anything", 0, []OpenChoice{{0, true}, {1, true}, {2, true}}},
+		{"between the first two", 1, []OpenChoice{{Index: 0}, {Index: 1, Fresh: true}, {Index: 2, Fresh: true}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			relayed := 0
+			s := NewStream(bufio.NewReader(strings.NewReader(strings.Join(frames, ""))), RelayOptions{
+				Stopped: func() bool { return relayed >= c.stopAfter },
+			})
+			var closing []byte
+			s.End = func(res *RelayResult) []byte {
+				closing = FinishChunk(res.ID, res.Model, res.Created, res.Unfinished(3))
+				return closing
+			}
+			var out []byte
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && !bytes.Equal(buf[:n], closing) {
+					relayed++
+				}
+				out = append(out, buf[:n]...)
+				if err != nil {
+					break
+				}
+			}
+			res := s.Result()
+			if got := res.Unfinished(3); !res.Stopped || !slices.Equal(got, c.want) {
+				t.Fatalf("stopped %v, Unfinished(3) = %v, want %v", res.Stopped, got, c.want)
+			}
+			// Every choice 0..2 ends with a finish_reason, once, in the
+			// stream's own id; each opened with its role.
+			finished, roles := map[int]int{}, map[int]int{}
+			for _, frame := range strings.Split(strings.TrimSuffix(string(out), "\n\n"), "\n\n") {
+				var ch struct {
+					ID, Model string
+					Created   int64
+					Choices   []struct {
+						Index        int
+						Delta        map[string]any
+						FinishReason *string `json:"finish_reason"`
+					}
+				}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(frame, "data: ")), &ch); err != nil {
+					t.Fatalf("frame %q: %v", frame, err)
+				}
+				if ch.ID != "chatcmpl-e" || ch.Model != "up" || ch.Created != 7 {
+					t.Errorf("frame %q: not the stream's own id, model and created", frame)
+				}
+				for _, x := range ch.Choices {
+					if x.FinishReason != nil {
+						finished[x.Index]++
+					}
+					if x.Delta["role"] == "assistant" {
+						roles[x.Index]++
+					}
+				}
+			}
+			for i := range 3 {
+				if finished[i] != 1 || roles[i] != 1 {
+					t.Errorf("choice %d: %d finish_reasons, %d roles; want one each\n%s", i, finished[i], roles[i], out)
+				}
+			}
+		})
+	}
 }
 
 func TestFinishChunkIsAValidChunk(t *testing.T) {
-	b := FinishChunk("chatcmpl-\"x\"", "m\u2028", 1795979333, []int{0, 2}, true)
+	b := FinishChunk("chatcmpl-\"x\"", "m\u2028", 1795979333, []OpenChoice{{Index: 0, Fresh: true}, {Index: 2}})
 	payload, ok := strings.CutPrefix(string(b), "data: ")
 	if !ok || !strings.HasSuffix(payload, "\n\n") {
 		t.Fatalf("not one SSE frame: %q", b)
@@ -77,7 +178,8 @@ func TestFinishChunkIsAValidChunk(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.ID != `chatcmpl-"x"` || c.Object != "chat.completion.chunk" || c.Created != 1795979333 || c.Model != "m\u2028" ||
-		len(c.Choices) != 2 || c.Choices[1].Index != 2 || c.Choices[0].FinishReason != "stop" || c.Choices[0].Delta["role"] != "assistant" {
+		len(c.Choices) != 2 || c.Choices[1].Index != 2 || c.Choices[0].FinishReason != "stop" || c.Choices[0].Delta["role"] != "assistant" ||
+		c.Choices[1].Delta["role"] != nil || c.Choices[1].FinishReason != "stop" {
 		t.Errorf("chunk = %+v", c)
 	}
 }
@@ -92,5 +194,18 @@ func TestEstimatePromptTokens(t *testing.T) {
 	}
 	if EstimatePromptTokens([]byte(`{"messages":"nope"}`)) <= 0 || EstimatePromptTokens(nil) <= 0 {
 		t.Error("a malformed body still gets a small positive estimate")
+	}
+	// A content part's members are below what the guard refuses repeats
+	// of; the engines read the last of repeated keys, so the estimate must
+	// count at least that one, whatever comes first.
+	plain := EstimatePromptTokens([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"` + text + `"}]}]}`))
+	for name, part := range map[string]string{
+		"text repeated":  `{"type":"text","text":"","text":"` + text + `"}`,
+		"type repeated":  `{"type":"image_url","type":"text","text":"` + text + `"}`,
+		"type after all": `{"text":"` + text + `","type":"input_audio","type":"text"}`,
+	} {
+		if got := EstimatePromptTokens([]byte(`{"messages":[{"role":"user","content":[` + part + `]}]}`)); got < plain {
+			t.Errorf("%s: estimate %d, below the %d of the text an engine reads", name, got, plain)
+		}
 	}
 }
