@@ -158,7 +158,7 @@ func countStatements(t *testing.T, l *Ledger) (inserts, updates *atomic.Int64) {
 
 // A batch costs a few statements, not one per row: multi-row INSERTs for
 // pending rows, multi-row upserts for their Finishes. On SQLite a statement
-// writes at most 8 rows (sqliteStatementRows), so that it never holds the
+// writes at most 16 rows (sqliteStatementRows), so that it never holds the
 // process's core for long.
 func TestBatchIsAFewStatements(t *testing.T) {
 	l := open(t)
@@ -166,7 +166,7 @@ func TestBatchIsAFewStatements(t *testing.T) {
 	const n = 100
 	want := int64(3) // 64 + 32 + 4
 	if l.db.Dialector.Name() == "sqlite" {
-		want = 13 // 12 × 8 + 4
+		want = 7 // 6 × 16 + 4
 	}
 	var begins, finishes []op
 	for i := range n {
