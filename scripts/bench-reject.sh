@@ -5,12 +5,13 @@
 # 20 connections make ~2,100 req/s; wrk reports the latency distribution.
 #
 #   scripts/bench-reject.sh            (installs Debian's wrk when missing)
+#   MOONJI_BIN=/tmp/moonji-old scripts/bench-reject.sh   (another build, e.g. an earlier commit's)
 #   MOONJI_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable&search_path=bench' \
 #     scripts/bench-reject.sh          (the ledger in PostgreSQL; the schema must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo; $sudo apt-get install -y -qq wrk >/dev/null; }
-make -s build
+[ -n "${MOONJI_BIN:-}" ] || make -s build
 dir=$(mktemp -d)
 port=18199
 cat > "$dir/moonji.yaml" <<YAML
@@ -22,13 +23,13 @@ backends:
 models:
   - {name: moonji-demo, backend: demo}
 YAML
-MOONJI_DEV_ADMIN_PASSWORD=bench bin/moonji serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
+MOONJI_DEV_ADMIN_PASSWORD=bench ${MOONJI_BIN:-bin/moonji} serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
 server=$!
 holder=""
 trap 'kill $server ${holder:-} 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
-key=$(bin/moonji keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench)
-slow=$(bin/moonji keys create --config "$dir/moonji.yaml" --owner slow@localhost --name slow --rpm 1)
+key=$(${MOONJI_BIN:-bin/moonji} keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench)
+slow=$(${MOONJI_BIN:-bin/moonji} keys create --config "$dir/moonji.yaml" --owner slow@localhost --name slow --rpm 1)
 url="http://127.0.0.1:$port"
 # The backend's one slot is held by a request that never ends: every other
 # request is refused at once with 503 queue_full.
