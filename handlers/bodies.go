@@ -1,8 +1,6 @@
 package handlers
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"strconv"
 
@@ -27,20 +25,8 @@ func (e *bodyError) Error() string { return e.Message }
 // guardRefusal words a jsonguard refusal for the client, with param naming
 // the repeated field when there is one.
 func guardRefusal(err error) *bodyError {
-	var e *jsonguard.Error
-	if !errors.As(err, &e) {
-		return &bodyError{Message: "request body is not valid JSON"}
-	}
-	switch e.Kind {
-	case jsonguard.TooDeep:
-		return &bodyError{Message: "request body nests deeper than " + strconv.Itoa(jsonguard.MaxDepth) + " levels"}
-	case jsonguard.Duplicate:
-		return &bodyError{Message: fmt.Sprintf("duplicate key %q in the request body", e.Field), Param: e.Field}
-	case jsonguard.CaseVariant:
-		return &bodyError{Message: fmt.Sprintf("key %q in the request body differs from %q only in letter case", e.Key, e.Field), Param: e.Field}
-	default:
-		return &bodyError{Message: fmt.Sprintf("request body is not valid JSON: %s at byte %d", e.Detail, e.Offset)}
-	}
+	msg, param := jsonguard.Refusal(err)
+	return &bodyError{Message: msg, Param: param}
 }
 
 // guardedObject checks body with jsonguard before gjson reads it — gjson

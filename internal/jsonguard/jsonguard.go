@@ -15,6 +15,7 @@ package jsonguard
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
@@ -616,4 +617,24 @@ func equalFold(a, b rune) bool {
 		r = unicode.SimpleFold(r)
 	}
 	return r == b
+}
+
+// Refusal words an error of Validate for the client that sent the body: a
+// message, and the watched field at fault (param) when there is one. The
+// gateway and the JSON API answer a bad body the same way.
+func Refusal(err error) (message, param string) {
+	var e *Error
+	if !errors.As(err, &e) {
+		return "request body is not valid JSON", ""
+	}
+	switch e.Kind {
+	case TooDeep:
+		return "request body nests deeper than " + strconv.Itoa(MaxDepth) + " levels", ""
+	case Duplicate:
+		return fmt.Sprintf("duplicate key %q in the request body", e.Field), e.Field
+	case CaseVariant:
+		return fmt.Sprintf("key %q in the request body differs from %q only in letter case; some engines read it as %[2]q", e.Key, e.Field), e.Field
+	default:
+		return fmt.Sprintf("request body is not valid JSON: %s at byte %d", e.Detail, e.Offset), ""
+	}
 }

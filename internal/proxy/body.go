@@ -6,9 +6,7 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -107,20 +105,8 @@ func ParseRequest(body []byte) (Request, error) {
 
 // guardError words a jsonguard refusal for the client.
 func guardError(err error) *BadRequestError {
-	var e *jsonguard.Error
-	if !errors.As(err, &e) {
-		return &BadRequestError{Message: "request body is not valid JSON"}
-	}
-	switch e.Kind {
-	case jsonguard.TooDeep:
-		return &BadRequestError{Message: "request body nests deeper than " + strconv.Itoa(jsonguard.MaxDepth) + " levels"}
-	case jsonguard.Duplicate:
-		return &BadRequestError{Message: fmt.Sprintf("duplicate key %q in the request body", e.Field), Param: e.Field}
-	case jsonguard.CaseVariant:
-		return &BadRequestError{Message: fmt.Sprintf("key %q in the request body differs from %q only in letter case; some engines read it as %[2]q", e.Key, e.Field), Param: e.Field}
-	default:
-		return &BadRequestError{Message: fmt.Sprintf("request body is not valid JSON: %s at byte %d", e.Detail, e.Offset)}
-	}
+	msg, param := jsonguard.Refusal(err)
+	return &BadRequestError{Message: msg, Param: param}
 }
 
 // RewriteBody prepares the body for the engine: the model renamed when the
