@@ -63,14 +63,15 @@ test('requests made with a key appear on /admin with the right counts', async ({
   const badKey = await chat(`mj-${'x'.repeat(43)}`, ask('moonji-demo'));
   expect(badKey.status).toBe(401);
 
-  // The ledger commits in groups: reload until the rows are in.
+  // The ledger commits in groups, and the refusal may land in a later one
+  // than the answers: reload until all four rows are in.
+  const keyRow = page.locator('#key-totals tbody tr', { hasText: `${prefix}…` });
   await expect.poll(async () => {
     await page.goto('/admin');
-    return value(totalsCell(page, 'moonji-demo', 'success'));
-  }, { timeout: 10_000 }).toBe(before + 3);
+    return [await value(totalsCell(page, 'moonji-demo', 'success')), await value(keyRow.locator('td[data-field="requests"]'))];
+  }, { timeout: 10_000 }).toEqual([before + 3, 4]);
 
   // The fresh key: its four requests, the refused one included.
-  const keyRow = page.locator('#key-totals tbody tr', { hasText: `${prefix}…` });
   await expect(keyRow).toHaveCount(1);
   expect(await value(keyRow.locator('td[data-field="requests"]'))).toBe(4);
   expect(await value(keyRow.locator('td[data-field="completion_tokens"]'))).toBe(9);
