@@ -23,18 +23,7 @@ func TestChatStopWithSeenZeroStillBills(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ch, _ := p.follow(ctx, s.InferenceID, "")
-	received := 0
-	for ev := range ch {
-		if ev.Event == "chunk" {
-			received++
-		}
-		if received == 4 {
-			break
-		}
-	}
-	if received < 4 {
-		t.Fatalf("the generation ended after %d chunks", received)
-	}
+	awaitChunks(t, ch, 4)
 	status, body := p.do(http.MethodPost, "/api/v1/inference/stop", `{"inference_id":"`+s.InferenceID+`","seen":0}`)
 	if status != http.StatusOK || !strings.Contains(body, `"acknowledged":true`) {
 		t.Fatalf("stop: %d %s", status, body)
@@ -73,15 +62,7 @@ func TestChatStopWithSeenZeroFromAnotherReplica(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ch, _ := pa.follow(ctx, s.InferenceID, "")
-	received := 0
-	for ev := range ch {
-		if ev.Event == "chunk" {
-			received++
-		}
-		if received == 4 {
-			break
-		}
-	}
+	awaitChunks(t, ch, 4)
 	pb := b.chatter("zero@example.com")
 	status, body := pb.do(http.MethodPost, "/api/v1/inference/stop", `{"inference_id":"`+s.InferenceID+`","seen":0}`)
 	if status != http.StatusOK || !strings.Contains(body, `"acknowledged":true`) {
@@ -94,4 +75,20 @@ func TestChatStopWithSeenZeroFromAnotherReplica(t *testing.T) {
 	if row := a.final(s.InferenceID); row.Outcome != models.OutcomeStopped || row.CompletionTokens < 4 || row.PromptTokens == 0 {
 		t.Errorf("usage row %+v, want stopped with at least 4 completion tokens and the prompt", row)
 	}
+}
+
+// awaitChunks reads a generation's events until n chunks have come, and
+// fails the test if it ends sooner.
+func awaitChunks(t *testing.T, ch <-chan sseEvent, n int) {
+	t.Helper()
+	received := 0
+	for ev := range ch {
+		if ev.Event == "chunk" {
+			received++
+		}
+		if received == n {
+			return
+		}
+	}
+	t.Fatalf("the generation ended after %d chunks, before %d", received, n)
 }
