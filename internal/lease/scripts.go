@@ -1,0 +1,291 @@
+package lease
+
+import "github.com/redis/go-redis/v9"
+
+// luaPrelude is shared by every script. now comes from Redis TIME so that
+// expiries do not depend on the clocks of the replicas; replicate_commands
+// lets Redis versions before 5 accept TIME ahead of writes (it is a no-op
+// from Redis 5 on).
+const luaPrelude = `
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- purge removes the expired leases and wait entries of one backend and
+-- returns how many it removed.
+local function purge(lk, wk, ek)
+  local n = redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local dead = redis.call('ZRANGEBYSCORE', ek, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREM', ek, unpack(dead))
+    redis.call('ZREM', wk, unpack(dead))
+  end
+  return n + #dead
+end
+
+-- keep pushes a key's own expiry to at least ms from now, never shortening
+-- one set by a replica with a longer TTL, so that no key outlives its
+-- members by much and none expires before them.
+local function keep(k, ms)
+  local p = redis.call('PTTL', k)
+  if p ~= -2 and p < ms then
+    redis.call('PEXPIRE', k, ms)
+  end
+end
+
+-- waiters reports whether anyone other than member waits in wk.
+local function waiters(wk, member)
+  local n = redis.call('ZCARD', wk)
+  if member and redis.call('ZSCORE', wk, member) then
+    n = n - 1
+  end
+  return n > 0
+end
+`
+
+// acquireScript takes a slot on one of the candidates.
+//
+// KEYS: per candidate i: lease, wait, waitexp.
+// ARGV: 1 wait member, 2 lease member, 3 arrival ms, 4 next arrival ms or
+// "0", 5 TTL ms, 6 random number in [0,1), 7 channel, then per candidate:
+// name, max, weight.
+// Returns the 1-based index of the granted candidate, or 0.
+var acquireScript = newScript(luaPrelude + `
+local me, lid = ARGV[1], ARGV[2]
+local arrival = tonumber(ARGV[3])
+local nxt = ARGV[4]
+local ttl = tonumber(ARGV[5])
+local r = tonumber(ARGV[6])
+local ch = ARGV[7]
+local n = #KEYS / 3
+local exp = now + ttl
+
+local freed = {}   -- candidate i freed capacity that others may wait for
+local had = {}     -- our wait entry's arrival before this call, or false
+local bestLoad = nil
+local tied = {}
+for i = 1, n do
+  local lk, wk, ek = KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i]
+  freed[i] = purge(lk, wk, ek) > 0
+  local mine = redis.call('ZSCORE', wk, me)
+  had[i] = mine and tonumber(mine) or false
+  local held = redis.call('ZCARD', lk)
+  -- Slots owed to queues that have waited longer than this request.
+  local ahead = redis.call('ZCOUNT', wk, '-inf', '(' .. ARGV[3])
+  if had[i] and had[i] < arrival then
+    ahead = ahead - 1
+  end
+  local max = tonumber(ARGV[7 + 3*i - 1])
+  local w = tonumber(ARGV[7 + 3*i])
+  if max - held - ahead > 0 then
+    local load = held / (max * w)
+    if bestLoad == nil or load < bestLoad - 1e-12 then
+      bestLoad = load
+      tied = {i}
+    elseif load <= bestLoad + 1e-12 then
+      tied[#tied + 1] = i
+    end
+  end
+end
+
+local chosen = 0
+if #tied > 0 then
+  local sum = 0
+  for _, i in ipairs(tied) do
+    sum = sum + tonumber(ARGV[7 + 3*i])
+  end
+  local x = r * sum
+  chosen = tied[#tied]
+  for _, i in ipairs(tied) do
+    x = x - tonumber(ARGV[7 + 3*i])
+    if x < 0 then
+      chosen = i
+      break
+    end
+  end
+  redis.call('ZADD', KEYS[3*chosen-2], exp, lid)
+  keep(KEYS[3*chosen-2], 2 * ttl)
+end
+
+for i = 1, n do
+  local wk, ek = KEYS[3*i-1], KEYS[3*i]
+  if chosen == 0 then
+    redis.call('ZADD', wk, ARGV[3], me)
+    redis.call('ZADD', ek, exp, me)
+    keep(wk, 2 * ttl)
+    keep(ek, 2 * ttl)
+  elseif nxt ~= '0' then
+    redis.call('ZADD', wk, nxt, me)
+    redis.call('ZADD', ek, exp, me)
+    keep(wk, 2 * ttl)
+    keep(ek, 2 * ttl)
+    -- Moving our entry later frees a slot owed to us on the candidates we
+    -- did not take.
+    if i ~= chosen and had[i] and had[i] < tonumber(nxt) then
+      freed[i] = true
+    end
+  elseif had[i] then
+    redis.call('ZREM', wk, me)
+    redis.call('ZREM', ek, me)
+    if i ~= chosen then
+      freed[i] = true
+    end
+  end
+  if freed[i] and waiters(wk, me) then
+    redis.call('PUBLISH', ch, ARGV[7 + 3*i - 2])
+  end
+end
+return chosen
+`)
+
+// releaseScript gives a lease back.
+//
+// KEYS: lease, wait. ARGV: lease member, channel, backend name.
+// Returns 1 if the lease was still there.
+var releaseScript = newScript(`
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if removed > 0 and redis.call('ZCARD', KEYS[2]) > 0 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return removed
+`)
+
+// clearScript removes one queue's wait entries.
+//
+// KEYS: per backend: wait, waitexp. ARGV: 1 wait member, 2 channel, then
+// the backend names.
+var clearScript = newScript(`
+local me, ch = ARGV[1], ARGV[2]
+for i = 1, #KEYS / 2 do
+  local wk, ek = KEYS[2*i-1], KEYS[2*i]
+  redis.call('ZREM', ek, me)
+  if redis.call('ZREM', wk, me) > 0 and redis.call('ZCARD', wk) > 0 then
+    redis.call('PUBLISH', ch, ARGV[2 + i])
+  end
+end
+return 0
+`)
+
+// renewScript keeps one replica's state alive; see Store.renew for the
+// argument layout, which leaveScript shares.
+//
+// KEYS: 1 replicas, then per backend: lease, wait, waitexp.
+// ARGV: 1 replica, 2 TTL ms, 3 channel, then per backend: name, then three
+// counted lists (count, members...): leases to extend, wait members to
+// extend, leases to delete.
+// Returns {live replicas, {1-based positions of the extended items that
+// were gone}}, positions counting leases and wait members in order across
+// backends.
+var renewScript = newScript(luaPrelude + `
+local ttl = tonumber(ARGV[2])
+local ch = ARGV[3]
+local exp = now + ttl
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], exp, ARGV[1])
+keep(KEYS[1], 2 * ttl)
+local live = redis.call('ZCARD', KEYS[1])
+
+local lost = {}
+local pos = 0
+local p = 4
+for j = 1, (#KEYS - 1) / 3 do
+  local lk, wk, ek = KEYS[3*j-1], KEYS[3*j], KEYS[3*j+1]
+  local name = ARGV[p]
+  p = p + 1
+  local freed = purge(lk, wk, ek) > 0
+  local nl = tonumber(ARGV[p])
+  p = p + 1
+  for k = 1, nl do
+    pos = pos + 1
+    local m = ARGV[p]
+    p = p + 1
+    -- Only extend a lease that still exists: once expired it was removed,
+    -- and its slot may already be someone else's.
+    if redis.call('ZSCORE', lk, m) then
+      redis.call('ZADD', lk, exp, m)
+    else
+      lost[#lost + 1] = pos
+    end
+  end
+  if nl > 0 then keep(lk, 2 * ttl) end
+  local nw = tonumber(ARGV[p])
+  p = p + 1
+  for k = 1, nw do
+    pos = pos + 1
+    local m = ARGV[p]
+    p = p + 1
+    if redis.call('ZSCORE', ek, m) then
+      redis.call('ZADD', ek, exp, m)
+    else
+      lost[#lost + 1] = pos
+    end
+  end
+  if nw > 0 then
+    keep(wk, 2 * ttl)
+    keep(ek, 2 * ttl)
+  end
+  local no = tonumber(ARGV[p])
+  p = p + 1
+  for k = 1, no do
+    if redis.call('ZREM', lk, ARGV[p]) > 0 then
+      freed = true
+    end
+    p = p + 1
+  end
+  if freed and waiters(wk, nil) then
+    redis.call('PUBLISH', ch, name)
+  end
+end
+return {live, lost}
+`)
+
+// leaveScript removes everything one replica holds: its liveness, the
+// listed leases and wait entries. Same KEYS and ARGV as renewScript (the
+// third list, leases to delete, is deleted like the first).
+var leaveScript = newScript(`
+local ch = ARGV[3]
+redis.call('ZREM', KEYS[1], ARGV[1])
+local p = 4
+for j = 1, (#KEYS - 1) / 3 do
+  local lk, wk, ek = KEYS[3*j-1], KEYS[3*j], KEYS[3*j+1]
+  local name = ARGV[p]
+  p = p + 1
+  local freed = false
+  for list = 1, 3 do
+    local c = tonumber(ARGV[p])
+    p = p + 1
+    for k = 1, c do
+      local m = ARGV[p]
+      p = p + 1
+      if list == 2 then
+        redis.call('ZREM', ek, m)
+        if redis.call('ZREM', wk, m) > 0 then freed = true end
+      elseif redis.call('ZREM', lk, m) > 0 then
+        freed = true
+      end
+    end
+  end
+  if freed and redis.call('ZCARD', wk) > 0 then
+    redis.call('PUBLISH', ch, name)
+  end
+end
+return 0
+`)
+
+// countScript counts the live leases of one backend. KEYS: lease.
+var countScript = newScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+`)
+
+// sources holds every script's text, for Store.loadScripts: the scripts
+// are loaded together when the store starts, so that the first call of each
+// is an EVALSHA like every other; after a Redis restart, Script.Run falls
+// back to EVAL once, which caches the script again.
+var sources []string
+
+func newScript(src string) *redis.Script {
+	sources = append(sources, src)
+	return redis.NewScript(src)
+}
