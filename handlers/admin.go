@@ -95,7 +95,7 @@ func (h *Handler) backendsView(now time.Time) views.BackendsView {
 	for _, b := range h.Gateway.Backends() {
 		v.Backends = append(v.Backends, views.BackendLive{Name: b.Name, Kind: b.Kind, Models: b.Models,
 			InFlight: b.InFlight, MaxConcurrency: b.MaxConcurrency, Queued: b.Queued, MaxQueue: b.MaxQueue,
-			OldestWait: b.OldestWait})
+			OldestWait: b.OldestWait, Down: !b.Up})
 	}
 	return v
 }

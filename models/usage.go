@@ -37,14 +37,19 @@ type Usage struct {
 	InferenceID string `gorm:"primaryKey;size:40"`
 	// Outcome and CreatedAt are indexed together for the dashboards'
 	// "recent rejections" and "recent errors" (newest rows of an outcome).
-	CreatedAt        time.Time `gorm:"index;index:idx_usage_outcome_created,priority:2"`
-	FinishedAt       *time.Time
-	UserID           *uint  `gorm:"index"`
-	User             string `gorm:"size:320"`
-	KeyID            *uint  `gorm:"index"`
-	Source           string `gorm:"size:8"`
-	Model            string `gorm:"size:200"`
-	Backend          string `gorm:"size:200"`
+	CreatedAt  time.Time `gorm:"index;index:idx_usage_outcome_created,priority:2"`
+	FinishedAt *time.Time
+	UserID     *uint  `gorm:"index"`
+	User       string `gorm:"size:320"`
+	KeyID      *uint  `gorm:"index"`
+	Source     string `gorm:"size:8"`
+	Model      string `gorm:"size:200"`
+	// Backend is the backend that served the request (for one refused
+	// while queued, the model's backends, comma-separated).
+	Backend string `gorm:"size:200"`
+	// RetriedFrom is the backend that failed the request before its answer
+	// started, when it was retried on Backend; empty otherwise.
+	RetriedFrom      string `gorm:"size:200"`
 	Outcome          string `gorm:"size:16;index:idx_usage_outcome_created,priority:1"`
 	Status           int
 	Reason           string `gorm:"size:200"`
@@ -73,6 +78,7 @@ func (u *Usage) Sanitize() {
 	u.Source = Storable(u.Source, 8)
 	u.Model = Storable(u.Model, 200)
 	u.Backend = Storable(u.Backend, 200)
+	u.RetriedFrom = Storable(u.RetriedFrom, 200)
 	u.Outcome = Storable(u.Outcome, 16)
 	u.Reason = Storable(u.Reason, 200)
 	u.UsageSource = Storable(u.UsageSource, 16)

@@ -143,6 +143,9 @@ type BackendLive struct {
 	Queued         int
 	MaxQueue       int
 	OldestWait     time.Duration
+	// Down tells that the backend failed and takes no traffic until a
+	// probe passes.
+	Down bool
 }
 
 // UsagePage is /usage: the signed-in person's own use.

@@ -49,6 +49,48 @@ func TestCrashChild(t *testing.T) {
 	_ = srv.Serve(ln) // until killed
 }
 
+// startChildGateway starts this test binary as a gateway process
+// (TestCrashChild) serving the configuration at cfgPath, which listens on
+// addr and keeps its rows in dbURL; it issues a key there first and waits
+// until the process listens. The process writes its log to stderr and is
+// killed when the test ends, if the test has not.
+func startChildGateway(t *testing.T, cfgPath, addr, dbURL string, stderr io.Writer) (*exec.Cmd, string) {
+	t.Helper()
+	db, err := models.Open(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer models.Close(db)
+	u, err := models.EnsureUser(context.Background(), db, "child@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := apikey.Create(context.Background(), db, u.ID, "child", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(exe, "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=0")
+	child.Env = append(os.Environ(), crashChildEnv+"="+cfgPath)
+	child.Stderr, child.Stdout = stderr, io.Discard
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill() })
+	waitFor(t, "the gateway process to listen", 20*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return child, key
+}
+
 // A gateway process killed with SIGKILL while it serves leaves every
 // request whose inference id a client saw with exactly one row once it
 // starts again: finished requests as they ended, running ones as
@@ -85,42 +127,15 @@ models: [{name: m1, backend: mock}]
 		if err != nil {
 			t.Fatal(err)
 		}
+		// One goroutine of exec's copies into logs, read only after Wait.
+		var logs strings.Builder
+		child, key := startChildGateway(t, cfgPath, addr, dbURL, &logs)
 		db, err := models.Open(dbURL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer models.Close(db)
-		u, err := models.EnsureUser(context.Background(), db, "crash@example.com")
-		if err != nil {
-			t.Fatal(err)
-		}
-		key, _, err := apikey.Create(context.Background(), db, u.ID, "crash", 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-
-		exe, err := os.Executable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		child := exec.Command(exe, "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=0")
-		child.Env = append(os.Environ(), crashChildEnv+"="+cfgPath)
-		// One goroutine of exec's copies into logs, read only after Wait.
-		var logs strings.Builder
-		child.Stderr, child.Stdout = &logs, io.Discard
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer child.Process.Kill()
 		base := "http://" + addr
-		waitFor(t, "the gateway to listen", 20*time.Second, func() bool {
-			resp, err := http.Get(base + "/healthz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
 
 		send := func(body string) (*http.Response, error) {
 			req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))

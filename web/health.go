@@ -8,7 +8,8 @@ import (
 )
 
 // ready answers /readyz: 200 when the database (and Redis, if configured)
-// answer, else 503 naming the part that does not.
+// answer, else 503 naming the part that does not; and each backend's
+// health.
 func (s *Server) ready(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
 	defer cancel()
@@ -28,9 +29,32 @@ func (s *Server) ready(c *fiber.Ctx) error {
 			checks["redis"] = "ok"
 		}
 	}
+	// Each backend's state is shown, but a backend that is down does not
+	// make the gateway unready: every replica would leave the load
+	// balancer at once, and the backend's models still answer (from its
+	// siblings, or with a clear error).
+	backends := fiber.Map{}
+	for name, c := range s.Health {
+		st := c.State()
+		b := fiber.Map{"up": st.Up}
+		if !st.Up {
+			b["reason"] = st.Reason
+			b["down_since"] = st.Since.UTC().Format(time.RFC3339)
+			if !st.NextProbe.IsZero() {
+				b["next_probe"] = st.NextProbe.UTC().Format(time.RFC3339Nano)
+			}
+			if st.ProbeError != "" {
+				b["probe_error"] = st.ProbeError
+			}
+		}
+		backends[name] = b
+	}
+	if s.Scheduler != nil && s.Scheduler.Degraded() {
+		checks["concurrency_limit"] = "per_replica"
+	}
 	status := fiber.StatusOK
 	if !ok {
 		status = fiber.StatusServiceUnavailable
 	}
-	return c.Status(status).JSON(fiber.Map{"ready": ok, "checks": checks})
+	return c.Status(status).JSON(fiber.Map{"ready": ok, "checks": checks, "backends": backends})
 }

@@ -25,7 +25,9 @@ import (
 	"moonji/internal/config"
 	"moonji/internal/enginelink"
 	"moonji/internal/gateway"
+	"moonji/internal/health"
 	"moonji/internal/journal"
+	"moonji/internal/lease"
 	"moonji/internal/ledger"
 	"moonji/internal/markdown"
 	"moonji/internal/metrics"
@@ -47,6 +49,12 @@ type Server struct {
 	Stops   *stop.Service
 	Redis   *redis.Client
 	Chat    *chat.Service
+	// Scheduler hands out backend slots; Leases, with Redis, makes their
+	// limits hold across replicas.
+	Scheduler *admission.Scheduler
+	Leases    *lease.Store
+	// Health is each backend's passive health, by name.
+	Health map[string]*health.Checker
 
 	log      *slog.Logger
 	keys     *apikey.Store
@@ -224,20 +232,21 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		return nil, err
 	}
 
+	client := proxy.NewClient()
 	backends, err := s.startBackends(cfg)
 	if err != nil {
 		return nil, err
 	}
-	var routes []*gateway.Route
-	for _, m := range cfg.Models {
-		routes = append(routes, &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Backend: backends[m.Backend]})
+	routes, err := s.startAdmission(cfg, backends)
+	if err != nil {
+		return nil, err
 	}
 	var backendList []*gateway.Backend
 	for _, b := range cfg.Backends {
 		backendList = append(backendList, backends[b.Name])
 	}
 	s.Gateway = gateway.New(gateway.Options{
-		Routes: routes, Backends: backendList, Client: proxy.NewClient(), Ledger: s.Ledger, Metrics: s.Metrics,
+		Routes: routes, Backends: backendList, Scheduler: s.Scheduler, Client: client, Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
 		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Log: log,
 	})
@@ -321,47 +330,6 @@ func (s *Server) startStops(ctx context.Context) error {
 		s.log.Warn("stop bus not subscribed yet; stops from other replicas will work once Redis answers", "err", err)
 	}
 	return nil
-}
-
-// startBackends creates each backend's admission gate and starts the
-// in-process engines of builtin backends.
-func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend, error) {
-	out := map[string]*gateway.Backend{}
-	for _, b := range cfg.Backends {
-		gb := &gateway.Backend{Name: b.Name, Kind: b.Kind, Timeout: b.Timeout,
-			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
-		name := b.Name
-		gb.Gate = admission.NewGate(b.Name, admission.Options{
-			MaxConcurrency: b.MaxConcurrency, MaxQueue: b.MaxQueue, QueueTimeout: b.QueueTimeout,
-			OnChange: func(inFlight, queued int) {
-				s.Metrics.InFlight.WithLabelValues(name).Set(float64(inFlight))
-				s.Metrics.Queued.WithLabelValues(name).Set(float64(queued))
-			},
-		})
-		switch b.Kind {
-		case config.KindBuiltin:
-			url, err := s.startBuiltin(cfg, b)
-			if err != nil {
-				return nil, err
-			}
-			gb.Upstream.BaseURL = url
-		case config.KindEngine:
-			// One link per engine backend per replica; it dials in the
-			// background, so a replica starts whether the engine is up or not.
-			link := enginelink.New(enginelink.Options{Name: b.Name, URL: b.URL, Token: b.APIKey,
-				QueueSize: b.Link.QueueSize, MessageTTL: b.Link.MessageTTL, PingInterval: b.Link.PingInterval,
-				Log: s.log.With("component", "enginelink")})
-			link.Start()
-			s.closers = append(s.closers, link.Close)
-			s.links = append(s.links, link)
-			gb.Link = link
-		}
-		out[b.Name] = gb
-	}
-	if len(s.links) > 0 {
-		s.Metrics.WatchEngineLinks(s.engineLinkStats)
-	}
-	return out, nil
 }
 
 // engineLinkStats is the engine backends' links for the metrics.

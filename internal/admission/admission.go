@@ -1,18 +1,22 @@
-// Package admission limits how many requests one backend serves at once and
-// makes the rest wait in a bounded, strictly first-in-first-out queue.
+// Package admission limits how many requests each backend serves at once and
+// makes the rest wait in bounded, strictly first-in-first-out queues.
+//
+// A Scheduler knows every backend and every pool: the queue of the models
+// served by one set of backends. A request takes a slot on the least loaded
+// backend of its pool that is up, or waits in the pool's queue; a slot freed
+// on any backend goes to the oldest waiter that may use it. With a Shared
+// limit (lease.Store over Redis) each backend's limit holds for all replicas
+// together, and a freed slot goes to the oldest waiter of any replica.
 //
 // Waiting in the gateway instead of inside the engine means the wait is
-// measured (Slot.Waited), bounded (Options.QueueTimeout) and refused early
-// when the queue is full, with a Retry-After estimated from the backend's
-// recent service time.
+// measured (Slot.Waited), bounded (the queue timeout) and refused early when
+// the queue is full, with a Retry-After estimated from the pool's recent
+// service time.
 package admission
 
 import (
 	"context"
 	"fmt"
-	"math"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -33,7 +37,7 @@ const DefaultServiceTime = time.Second
 // long or very short generation cannot swing the estimate on its own.
 const ewmaWeight = 0.2
 
-// Options configures a Gate.
+// Options configures a Gate: a Scheduler with one backend and one pool.
 type Options struct {
 	// MaxConcurrency is how many slots may be held at once; values below 1
 	// are treated as 1 because a gate that admits nobody is never useful.
@@ -54,6 +58,8 @@ type Options struct {
 
 // Rejected is returned by Acquire when a request is not admitted.
 type Rejected struct {
+	// Backend names the pool that refused: the backend's name for a model
+	// with one backend.
 	Backend string
 	// Reason is ReasonQueueFull or ReasonQueueTimeout.
 	Reason string
@@ -77,302 +83,76 @@ func (r *Rejected) RetryAfterSeconds() int {
 	return int(r.RetryAfter / time.Second)
 }
 
-// Gate admits requests to one backend.
+// Gate admits requests to one backend: a Scheduler with one backend and
+// one pool of the same name.
 type Gate struct {
-	backend  string
-	max      int
-	maxQueue int
-	timeout  time.Duration
-	onChange func(inFlight, queued int)
-
-	mu       sync.Mutex
-	inFlight int
-	// head and tail form an intrusive doubly linked list of waiters, oldest
-	// first; a list (rather than a slice) lets a cancelled waiter leave from
-	// the middle in O(1).
-	head, tail *waiter
-	queued     int
-	avgService time.Duration // EWMA of slot hold times; 0 until the first Release
-}
-
-// waiter is one queued Acquire. ready is closed, under the gate's lock, when
-// a slot is handed over; granted records that so a waiter whose context
-// ends at the same moment knows it owns a slot.
-type waiter struct {
-	prev, next *waiter
-	ready      chan struct{}
-	granted    bool
-	since      time.Time // when it joined the queue, for Snapshot's OldestWait
+	s *Scheduler
+	p *Pool
 }
 
 // NewGate returns a Gate for the named backend.
 func NewGate(backend string, o Options) *Gate {
-	if o.MaxConcurrency < 1 {
-		o.MaxConcurrency = 1
+	var onChange func(string, int, int)
+	if o.OnChange != nil {
+		onChange = func(_ string, inFlight, queued int) { o.OnChange(inFlight, queued) }
 	}
-	if o.MaxQueue < 0 {
-		o.MaxQueue = 0
+	s, err := New(Config{
+		Backends: []BackendSpec{{Name: backend, MaxConcurrency: o.MaxConcurrency}},
+		Pools:    []PoolSpec{{Name: backend, Backends: []string{backend}, MaxQueue: o.MaxQueue, QueueTimeout: o.QueueTimeout}},
+		OnChange: onChange,
+	})
+	if err != nil {
+		panic(err) // one backend, one pool: cannot fail
 	}
-	if o.QueueTimeout < 0 {
-		o.QueueTimeout = 0
-	}
-	return &Gate{
-		backend:  backend,
-		max:      o.MaxConcurrency,
-		maxQueue: o.MaxQueue,
-		timeout:  o.QueueTimeout,
-		onChange: o.OnChange,
-	}
-}
-
-// Slot is one admitted request's hold on the backend. Release it when the
-// upstream call has ended (stream finished, error, or client gone).
-type Slot struct {
-	g        *Gate
-	acquired time.Time
-	waited   time.Duration
-	released atomic.Bool
+	return &Gate{s: s, p: s.Pool(backend)}
 }
 
 // Backend returns the backend name the Gate was made for.
-func (g *Gate) Backend() string { return g.backend }
+func (g *Gate) Backend() string { return g.p.name }
 
-// Acquire takes a slot or waits in strict arrival order. It returns at once
-// with *Rejected{Reason: "queue_full"} when the queue is full, with
-// *Rejected{Reason: "queue_timeout"} after QueueTimeout, and with ctx.Err()
-// when ctx ends while queued; in both of the latter cases the place in the
-// queue is freed at once and those behind move up.
+// Acquire takes a slot or waits in strict arrival order (Pool.Acquire).
 func (g *Gate) Acquire(ctx context.Context) (*Slot, error) {
-	return g.AcquireNotify(ctx, nil)
+	return g.p.Acquire(ctx, AcquireOptions{})
 }
 
 // AcquireNotify is Acquire that calls queued, when not nil, just before the
-// request starts to wait in the queue — and only then: a request that gets a
-// slot at once, or is refused at once, never calls it. The gateway writes a
-// queued request's pending usage row there, so that a request refused at
-// once costs a single row write.
+// request starts to wait in the queue — and only then.
 func (g *Gate) AcquireNotify(ctx context.Context, queued func()) (*Slot, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	g.mu.Lock()
-	// A free slot can only be taken when nobody is queued: otherwise a
-	// newcomer would overtake the head of the queue (barging).
-	if g.inFlight < g.max && g.head == nil {
-		g.inFlight++
-		g.changed()
-		g.mu.Unlock()
-		return &Slot{g: g, acquired: time.Now()}, nil
-	}
-	if g.queued >= g.maxQueue {
-		ra := g.retryAfterLocked(g.queued)
-		g.mu.Unlock()
-		return nil, &Rejected{Backend: g.backend, Reason: ReasonQueueFull, RetryAfter: ra}
-	}
-	w := &waiter{ready: make(chan struct{}), since: time.Now()}
-	g.pushLocked(w)
-	g.changed()
-	g.mu.Unlock()
-	if queued != nil {
-		queued()
-	}
-
-	start := time.Now()
-	var timeout <-chan time.Time
-	if g.timeout > 0 {
-		t := time.NewTimer(g.timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-
-	select {
-	case <-w.ready:
-		now := time.Now()
-		return &Slot{g: g, acquired: now, waited: now.Sub(start)}, nil
-	case <-timeout:
-		g.mu.Lock()
-		if w.granted {
-			// The slot arrived as the timer fired; the request did get in
-			// within (about) its time, so take it rather than waste it.
-			g.mu.Unlock()
-			now := time.Now()
-			return &Slot{g: g, acquired: now, waited: now.Sub(start)}, nil
-		}
-		g.removeLocked(w)
-		g.changed()
-		ra := g.retryAfterLocked(g.queued)
-		g.mu.Unlock()
-		return nil, &Rejected{Backend: g.backend, Reason: ReasonQueueTimeout, RetryAfter: ra, Waited: time.Since(start)}
-	case <-ctx.Done():
-		g.mu.Lock()
-		if w.granted {
-			// The caller is gone, so the slot it was just handed goes
-			// straight on to the next in line.
-			g.releaseLocked(0, false)
-			g.mu.Unlock()
-			return nil, ctx.Err()
-		}
-		g.removeLocked(w)
-		g.changed()
-		g.mu.Unlock()
-		return nil, ctx.Err()
-	}
-}
-
-// Waited returns the time the request spent queued (0 if it got a slot at
-// once).
-func (s *Slot) Waited() time.Duration { return s.waited }
-
-// Release gives the slot back. It is safe to call more than once; only the
-// first call counts. When requests are queued the slot is handed directly
-// to the oldest one, so only that one waiter wakes and no newcomer can take
-// the slot in between.
-func (s *Slot) Release() {
-	if !s.released.CompareAndSwap(false, true) {
-		return
-	}
-	held := time.Since(s.acquired)
-	s.g.mu.Lock()
-	s.g.releaseLocked(held, true)
-	s.g.mu.Unlock()
+	return g.p.Acquire(ctx, AcquireOptions{Queued: queued})
 }
 
 // InFlight returns the number of slots currently held.
-func (g *Gate) InFlight() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.inFlight
-}
+func (g *Gate) InFlight() int { return g.Snapshot().InFlight }
 
 // Queued returns the number of requests currently waiting.
-func (g *Gate) Queued() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.queued
-}
+func (g *Gate) Queued() int { return g.Snapshot().Queued }
 
-// Snapshot is a gate's state at one moment, as the live dashboard shows it.
+// Snapshot is a backend's state at one moment, as the live dashboard shows
+// it.
 type Snapshot struct {
 	InFlight, MaxConcurrency int
 	Queued, MaxQueue         int
-	// OldestWait is how long the head of the queue has waited so far; 0
-	// when nobody waits.
+	// OldestWait is how long the oldest waiter has waited so far; 0 when
+	// nobody waits.
 	OldestWait time.Duration
 }
 
 // Snapshot returns the gate's counts and limits and the age of its oldest
-// waiter, all read under one hold of the lock so that they agree with each
-// other. It allocates nothing, so a dashboard polling every few seconds
-// costs the gate one short lock.
-func (g *Gate) Snapshot() Snapshot {
-	now := time.Now() // read outside the lock: a clock read need not delay Acquire
-	g.mu.Lock()
-	s := Snapshot{InFlight: g.inFlight, MaxConcurrency: g.max, Queued: g.queued, MaxQueue: g.maxQueue}
-	if g.head != nil {
-		s.OldestWait = max(now.Sub(g.head.since), 0)
-	}
-	g.mu.Unlock()
-	return s
-}
+// waiter, read under one hold of the lock so that they agree.
+func (g *Gate) Snapshot() Snapshot { return g.s.Snapshot(g.p.name) }
 
 // AvgServiceTime returns the current estimate of how long a slot is held:
 // the moving average of released slots, or DefaultServiceTime before any.
 func (g *Gate) AvgServiceTime() time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.avgServiceLocked()
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.p.avgServiceLocked()
 }
 
 // RetryAfter returns the Retry-After a request rejected now as queue_full
-// would be given; useful for logging or a gauge.
+// would be given.
 func (g *Gate) RetryAfter() time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.retryAfterLocked(g.queued)
-}
-
-func (g *Gate) avgServiceLocked() time.Duration {
-	if g.avgService == 0 {
-		return DefaultServiceTime
-	}
-	return g.avgService
-}
-
-// retryAfterLocked estimates when a request arriving behind queued others
-// could be admitted: each of the max slots frees up about once per average
-// service time, and queued+1 requests (those ahead plus this one) need a
-// slot. The result is rounded up to whole seconds, at least one.
-func (g *Gate) retryAfterLocked(queued int) time.Duration {
-	est := float64(queued+1) * float64(g.avgServiceLocked()) / float64(g.max)
-	secs := math.Ceil(est / float64(time.Second))
-	if secs < 1 {
-		secs = 1
-	}
-	// Cap at a day so absurd averages cannot overflow a Duration.
-	if secs > 86400 {
-		secs = 86400
-	}
-	return time.Duration(secs) * time.Second
-}
-
-// releaseLocked frees one held slot. With a waiter queued the slot moves to
-// it (inFlight stays the same); otherwise inFlight drops. sample says
-// whether held is a real hold time for the service-time average.
-func (g *Gate) releaseLocked(held time.Duration, sample bool) {
-	if sample {
-		if g.avgService == 0 {
-			// The first observation replaces the prior outright, so a
-			// backend that is much slower or faster than the prior is
-			// reflected at once.
-			g.avgService = held
-			if g.avgService <= 0 {
-				g.avgService = 1 // keep "no sample yet" distinguishable
-			}
-		} else {
-			g.avgService = time.Duration(ewmaWeight*float64(held) + (1-ewmaWeight)*float64(g.avgService))
-			if g.avgService <= 0 {
-				g.avgService = 1
-			}
-		}
-	}
-	if w := g.head; w != nil {
-		g.removeLocked(w)
-		w.granted = true
-		close(w.ready)
-	} else {
-		g.inFlight--
-	}
-	g.changed()
-}
-
-func (g *Gate) pushLocked(w *waiter) {
-	w.prev = g.tail
-	if g.tail != nil {
-		g.tail.next = w
-	} else {
-		g.head = w
-	}
-	g.tail = w
-	g.queued++
-}
-
-func (g *Gate) removeLocked(w *waiter) {
-	if w.prev != nil {
-		w.prev.next = w.next
-	} else {
-		g.head = w.next
-	}
-	if w.next != nil {
-		w.next.prev = w.prev
-	} else {
-		g.tail = w.prev
-	}
-	w.prev, w.next = nil, nil
-	g.queued--
-}
-
-func (g *Gate) changed() {
-	if g.onChange != nil {
-		g.onChange(g.inFlight, g.queued)
-	}
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.p.retryAfterLocked(g.p.queued)
 }

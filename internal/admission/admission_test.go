@@ -350,8 +350,8 @@ func TestOnChangeSeesEveryState(t *testing.T) {
 	s.Release()
 	<-done
 	want := []st{{1, 0}, {1, 1}, {1, 0}, {0, 0}}
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
 	if len(seen) != len(want) {
 		t.Fatalf("OnChange saw %v, want %v", seen, want)
 	}
@@ -370,13 +370,13 @@ func TestRetryAfterEstimate(t *testing.T) {
 	if got := g.RetryAfter(); got != time.Second {
 		t.Fatalf("prior RetryAfter = %v, want 1s", got)
 	}
-	g.mu.Lock()
-	g.avgService = 4 * time.Second
-	short := g.retryAfterLocked(1) // 2*4/2 = 4s
-	long := g.retryAfterLocked(10) // 11*4/2 = 22s
-	g.avgService = 8 * time.Second
-	slower := g.retryAfterLocked(10) // 11*8/2 = 44s
-	g.mu.Unlock()
+	g.s.mu.Lock()
+	g.p.avgService = 4 * time.Second
+	short := g.p.retryAfterLocked(1) // 2*4/2 = 4s
+	long := g.p.retryAfterLocked(10) // 11*4/2 = 22s
+	g.p.avgService = 8 * time.Second
+	slower := g.p.retryAfterLocked(10) // 11*8/2 = 44s
+	g.s.mu.Unlock()
 	if short != 4*time.Second || long != 22*time.Second || slower != 44*time.Second {
 		t.Fatalf("estimates = %v, %v, %v; want 4s, 22s, 44s", short, long, slower)
 	}
@@ -405,9 +405,9 @@ func TestRetryAfterGrowsWithLoad(t *testing.T) {
 		g := NewGate("b", Options{MaxConcurrency: 1, MaxQueue: queue})
 		// Set the learnt average directly; real holds of seconds would make
 		// the test slow, and Release's averaging is tested above.
-		g.mu.Lock()
-		g.avgService = hold
-		g.mu.Unlock()
+		g.s.mu.Lock()
+		g.p.avgService = hold
+		g.s.mu.Unlock()
 		s, _ := g.Acquire(context.Background())
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup

@@ -54,13 +54,23 @@ type Config struct {
 	JournalDir string `yaml:"journal_dir"`
 	// RedisPrefix starts every Redis key and channel Moonji uses, so that
 	// several deployments (or test runs) can share one Redis.
-	RedisPrefix string    `yaml:"redis_prefix"`
-	RateLimit   RateLimit `yaml:"rate_limit"`
-	Backends    []Backend `yaml:"backends"`
-	Models      []Model   `yaml:"models"`
-	Stop        Stop      `yaml:"stop"`
-	OIDC        *OIDC     `yaml:"oidc"`
-	DevIDP      DevIDP    `yaml:"dev_idp"`
+	RedisPrefix string `yaml:"redis_prefix"`
+	// LeaseTTL is how long a backend slot held in Redis lives unless its
+	// replica renews it (default 10s): with redis_url set, each backend's
+	// max_concurrency holds for all replicas together, and a replica that
+	// dies frees its slots within this time.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// LocalConcurrency keeps each backend's max_concurrency per replica
+	// even with redis_url set (no lease per request): for replicas that
+	// each front engines of their own.
+	LocalConcurrency bool      `yaml:"local_concurrency"`
+	Health           Health    `yaml:"health"`
+	RateLimit        RateLimit `yaml:"rate_limit"`
+	Backends         []Backend `yaml:"backends"`
+	Models           []Model   `yaml:"models"`
+	Stop             Stop      `yaml:"stop"`
+	OIDC             *OIDC     `yaml:"oidc"`
+	DevIDP           DevIDP    `yaml:"dev_idp"`
 
 	// StreamWriteTimeout cancels a stream whose client makes no write
 	// progress (stops reading but keeps the socket open) for this long,
@@ -149,6 +159,10 @@ type Backend struct {
 	MaxQueue       int           `yaml:"max_queue"`
 	QueueTimeout   time.Duration `yaml:"queue_timeout"`
 	Timeout        time.Duration `yaml:"timeout"`
+	// Weight scales the backend's share of its models' traffic (default 1),
+	// for uneven hardware: a backend of weight 2 takes twice the requests of
+	// one of weight 1 with the same max_concurrency.
+	Weight float64 `yaml:"weight"`
 	// TokensPerSecond paces the builtin engine (ignored for openai backends).
 	TokensPerSecond float64 `yaml:"tokens_per_second"`
 	// Link tunes the WebSocket of an engine backend.
@@ -189,11 +203,37 @@ func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// Model maps a public model name to a backend.
+// Model maps a public model name to one backend (backend) or several
+// (backends), which then share its requests.
 type Model struct {
-	Name          string `yaml:"name"`
-	Backend       string `yaml:"backend"`
-	UpstreamModel string `yaml:"upstream_model"`
+	Name          string   `yaml:"name"`
+	Backend       string   `yaml:"backend"`
+	Backends      []string `yaml:"backends"`
+	UpstreamModel string   `yaml:"upstream_model"`
+}
+
+// BackendNames lists the backends that serve the model, whichever form the
+// file used.
+func (m Model) BackendNames() []string {
+	if len(m.Backends) > 0 {
+		return m.Backends
+	}
+	return []string{m.Backend}
+}
+
+// MaxBackendsPerModel bounds a model's backends list.
+const MaxBackendsPerModel = 64
+
+// Health configures how a backend that fails is taken out of traffic and
+// probed before it takes traffic again.
+type Health struct {
+	// Backoff is how long a failed backend waits before its first probe
+	// (default 1s); each failed probe doubles it, up to MaxBackoff (default
+	// 30s).
+	Backoff    time.Duration `yaml:"backoff"`
+	MaxBackoff time.Duration `yaml:"max_backoff"`
+	// ProbeTimeout bounds one probe, GET {url}/models (default 2s).
+	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 }
 
 // Stop configures the cross-replica stop signal.
@@ -304,6 +344,18 @@ func (c *Config) applyDefaults() {
 	if c.RedisPrefix == "" {
 		c.RedisPrefix = "moonji:"
 	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.Health.Backoff == 0 {
+		c.Health.Backoff = time.Second
+	}
+	if c.Health.MaxBackoff == 0 {
+		c.Health.MaxBackoff = 30 * time.Second
+	}
+	if c.Health.ProbeTimeout == 0 {
+		c.Health.ProbeTimeout = 2 * time.Second
+	}
 	if c.RateLimit.RequestsPerMinute == 0 {
 		c.RateLimit.RequestsPerMinute = 60
 	}
@@ -336,6 +388,9 @@ func (c *Config) applyDefaults() {
 		}
 		if b.MaxConcurrency == 0 {
 			b.MaxConcurrency = 16
+		}
+		if b.Weight == 0 {
+			b.Weight = 1
 		}
 		if b.MaxQueue == 0 && !b.maxQueueSet {
 			b.MaxQueue = 32
@@ -478,6 +533,9 @@ func (c *Config) Validate() error {
 		if b.QueueTimeout < 0 {
 			bad(key+".queue_timeout", "must not be negative")
 		}
+		if !(b.Weight > 0 && b.Weight <= 1000) {
+			bad(key+".weight", "must be above 0 and at most 1000, got %v", b.Weight)
+		}
 	}
 	models := map[string]bool{}
 	for i, m := range c.Models {
@@ -489,9 +547,32 @@ func (c *Config) Validate() error {
 			bad(key+".name", "duplicate model %q", m.Name)
 		}
 		models[m.Name] = true
-		if !backends[m.Backend] {
+		switch {
+		case m.Backend != "" && len(m.Backends) > 0:
+			bad(key, "give backend or backends, not both")
+		case len(m.Backends) > 0:
+			if len(m.Backends) > MaxBackendsPerModel {
+				bad(key+".backends", "at most %d backends, got %d", MaxBackendsPerModel, len(m.Backends))
+			}
+			seen := map[string]bool{}
+			for j, name := range m.Backends {
+				switch {
+				case !backends[name]:
+					bad(fmt.Sprintf("%s.backends[%d]", key, j), "unknown backend %q", name)
+				case seen[name]:
+					bad(fmt.Sprintf("%s.backends[%d]", key, j), "backend %q listed twice", name)
+				}
+				seen[name] = true
+			}
+		case !backends[m.Backend]:
 			bad(key+".backend", "unknown backend %q", m.Backend)
 		}
+	}
+	if c.LeaseTTL < time.Second || c.LeaseTTL > 10*time.Minute {
+		bad("lease_ttl", "must be between 1s and 10m, got %s", c.LeaseTTL)
+	}
+	if c.Health.Backoff < 0 || c.Health.MaxBackoff < c.Health.Backoff || c.Health.ProbeTimeout <= 0 {
+		bad("health", "want 0 < backoff <= max_backoff and a positive probe_timeout")
 	}
 	if c.Stop.TTL < 0 {
 		bad("stop.ttl", "must not be negative")
@@ -596,10 +677,13 @@ func redactURL(s string) string {
 func (c *Config) ServedBy(backend string) []string {
 	var served []string
 	for _, m := range c.Models {
-		if m.Backend == backend {
-			served = append(served, m.Name)
-			if m.UpstreamModel != "" {
-				served = append(served, m.UpstreamModel)
+		for _, b := range m.BackendNames() {
+			if b == backend {
+				served = append(served, m.Name)
+				if m.UpstreamModel != "" {
+					served = append(served, m.UpstreamModel)
+				}
+				break
 			}
 		}
 	}

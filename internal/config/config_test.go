@@ -171,3 +171,62 @@ func TestEngineToken(t *testing.T) {
 		t.Errorf("with MOONJI_ENGINE_TOKEN: engine.token = %q, want from-env", c.Engine.Token)
 	}
 }
+
+// TestSeveralBackendsPerModel: the backends form, weights, and the errors
+// that name the key.
+func TestSeveralBackendsPerModel(t *testing.T) {
+	load := func(body string) (*Config, error) {
+		path := filepath.Join(t.TempDir(), "m.yaml")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return Load(path)
+	}
+	const backends = `backends:
+  - {name: a, url: http://127.0.0.1:8000/v1}
+  - {name: b, url: http://127.0.0.1:8001/v1, weight: 2.5}
+`
+	c, err := load(backends + "models:\n  - {name: m, backends: [a, b]}\n  - {name: n, backend: a}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Models[0].BackendNames(); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("backends form = %v", got)
+	}
+	if got := c.Models[1].BackendNames(); !reflect.DeepEqual(got, []string{"a"}) {
+		t.Errorf("backend form = %v", got)
+	}
+	if c.Backends[0].Weight != 1 || c.Backends[1].Weight != 2.5 {
+		t.Errorf("weights = %v, %v", c.Backends[0].Weight, c.Backends[1].Weight)
+	}
+	if c.LeaseTTL != 10*time.Second || c.Health.Backoff != time.Second || c.Health.MaxBackoff != 30*time.Second {
+		t.Errorf("defaults: lease_ttl %s health %+v", c.LeaseTTL, c.Health)
+	}
+	if got := c.ServedBy("b"); !reflect.DeepEqual(got, []string{"m"}) {
+		t.Errorf("ServedBy(b) = %v", got)
+	}
+	for _, tc := range []struct{ models, want string }{
+		{"  - {name: m, backend: a, backends: [a, b]}", "models[0]: give backend or backends, not both"},
+		{"  - {name: m, backends: [a, c]}", `models[0].backends[1]: unknown backend "c"`},
+		{"  - {name: m, backends: [a, a]}", `models[0].backends[1]: backend "a" listed twice`},
+		{"  - {name: m}", `models[0].backend: unknown backend ""`},
+	} {
+		_, err := load(backends + "models:\n" + tc.models + "\n")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.models, err, tc.want)
+		}
+	}
+	for _, tc := range []struct{ extra, want string }{
+		{"  - {name: w, url: http://127.0.0.1:1/v1, weight: -1}\n", "backends[2].weight: must be above 0"},
+		{"  - {name: w, url: http://127.0.0.1:1/v1, weight: 1e9}\n", "backends[2].weight: must be above 0 and at most 1000"},
+	} {
+		_, err := load(backends + tc.extra + "models:\n  - {name: m, backend: a}\n")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want %q", tc.extra, err, tc.want)
+		}
+	}
+	_, err = load("lease_ttl: 100ms\n" + backends + "models:\n  - {name: m, backend: a}\n")
+	if err == nil || !strings.Contains(err.Error(), "lease_ttl") {
+		t.Errorf("lease_ttl 100ms: err = %v", err)
+	}
+}

@@ -42,12 +42,18 @@ func ModelsFromConfig(cfg *config.Config, log *slog.Logger) (models []Model, sto
 		upstreams[b.Name], timeouts[b.Name] = up, b.Timeout
 	}
 	for _, m := range cfg.Models {
-		up, ok := upstreams[m.Backend]
+		if len(m.Backends) > 1 {
+			// Spreading over several backends is the gateway's job: run
+			// one engine per backend and list them in the gateway's file.
+			stop()
+			return nil, nil, fmt.Errorf("model %s: moonji engine serves a model from one backend; run one engine per backend and list the engines in the gateway's backends", m.Name)
+		}
+		up, ok := upstreams[m.BackendNames()[0]]
 		if !ok {
 			stop()
-			return nil, nil, fmt.Errorf("model %s: unknown backend %q", m.Name, m.Backend)
+			return nil, nil, fmt.Errorf("model %s: unknown backend %q", m.Name, m.BackendNames()[0])
 		}
-		models = append(models, Model{Name: m.Name, UpstreamModel: m.UpstreamModel, Upstream: up, Timeout: timeouts[m.Backend]})
+		models = append(models, Model{Name: m.Name, UpstreamModel: m.UpstreamModel, Upstream: up, Timeout: timeouts[up.Name]})
 	}
 	return models, stop, nil
 }

@@ -63,7 +63,15 @@ type EngineLink interface {
 	ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error)
 }
 
-// Backend is one engine with its admission gate.
+// Health is a backend's passive health (health.Checker): told of every
+// failure before an answer started, it takes the backend out of traffic
+// until a probe passes.
+type Health interface {
+	Up() bool
+	Failed(reason string)
+}
+
+// Backend is one engine.
 type Backend struct {
 	Name string
 	// Kind is the configured kind (openai, builtin, engine), for the dashboard.
@@ -71,16 +79,30 @@ type Backend struct {
 	Upstream proxy.Upstream
 	// Link, when set, is how requests reach an `engine` backend; Upstream
 	// is then unused.
-	Link    EngineLink
-	Gate    *admission.Gate
-	Timeout time.Duration
+	Link EngineLink
+	// Health, when set, is told of the backend's failures.
+	Health Health
 }
 
-// Route maps a public model name to a backend.
+// Route maps a public model name to the backends that serve it and the
+// admission pool its requests wait in.
 type Route struct {
 	Model         string
 	UpstreamModel string
-	Backend       *Backend
+	Backends      []*Backend
+	Pool          *admission.Pool
+	// Timeout bounds a request from its arrival to its end (0: none).
+	Timeout time.Duration
+}
+
+// backend returns the route's backend of that name.
+func (r *Route) backend(name string) *Backend {
+	for _, b := range r.Backends {
+		if b.Name == name {
+			return b
+		}
+	}
+	return nil
 }
 
 // Gateway serves inference requests.
@@ -96,6 +118,7 @@ type Gateway struct {
 	replica string
 	stall   time.Duration
 	log     *slog.Logger
+	sched   *admission.Scheduler
 
 	// backends are the backends in configuration order, with the models
 	// each serves; fixed at New, so Backends reads them without a lock.
@@ -109,12 +132,14 @@ type Options struct {
 	// model routes to is listed too; when empty, the routes' backends in
 	// order of first use.
 	Backends []*Backend
-	Client   *proxy.Client
-	Ledger   *ledger.Ledger
-	Metrics  *metrics.Metrics
-	Limiter  *ratelimit.Limiter
-	Limit    ratelimit.Limit // default per key / per user
-	Stops    *stop.Service
+	// Scheduler hands out the backends' slots; its pools are the routes'.
+	Scheduler *admission.Scheduler
+	Client    *proxy.Client
+	Ledger    *ledger.Ledger
+	Metrics   *metrics.Metrics
+	Limiter   *ratelimit.Limiter
+	Limit     ratelimit.Limit // default per key / per user
+	Stops     *stop.Service
 	// Replica names this replica in the rows it writes.
 	Replica string
 	// StreamWriteTimeout cancels a stream whose client makes no write
@@ -126,7 +151,8 @@ type Options struct {
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
-		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log}
+		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log,
+		sched: o.Scheduler}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -164,8 +190,8 @@ func backendInfos(backends []*Backend, routes []*Route) []backendInfo {
 		}
 	}
 	for _, r := range routes {
-		if r.Backend != nil {
-			i := add(r.Backend)
+		for _, b := range r.Backends {
+			i := add(b)
 			out[i].models = append(out[i].models, r.Model)
 		}
 	}
@@ -179,6 +205,9 @@ type BackendState struct {
 	// Models are the public model names it serves, in configuration
 	// order; shared with the gateway, so callers must not change them.
 	Models []string
+	// Up tells whether it takes traffic (false: down after a failure, until
+	// a probe passes).
+	Up bool
 	admission.Snapshot
 }
 
@@ -187,9 +216,9 @@ type BackendState struct {
 func (g *Gateway) Backends() []BackendState {
 	out := make([]BackendState, len(g.backends))
 	for i, bi := range g.backends {
-		out[i] = BackendState{Name: bi.b.Name, Kind: bi.b.Kind, Models: bi.models}
-		if bi.b.Gate != nil {
-			out[i].Snapshot = bi.b.Gate.Snapshot()
+		out[i] = BackendState{Name: bi.b.Name, Kind: bi.b.Kind, Models: bi.models, Up: bi.b.Health == nil || bi.b.Health.Up()}
+		if g.sched != nil {
+			out[i].Snapshot = g.sched.Snapshot(bi.b.Name)
 		}
 	}
 	return out
@@ -314,7 +343,7 @@ func (g *Gateway) ChatCompletions(call Call) *Response {
 	}
 
 	x := &exchange{g: g, call: call, req: req, route: route, hdr: hdr, tokens: tokens,
-		row: g.row(call, req.Model, route.Backend.Name)}
+		row: g.row(call, req.Model, route.Pool.Name())}
 	return x.run(body)
 }
 
@@ -370,13 +399,15 @@ const defaultCompletionEstimate = 512
 
 // exchange is one admitted request on its way through a backend.
 type exchange struct {
-	g      *Gateway
-	call   Call
-	req    proxy.Request
-	route  *Route
-	hdr    http.Header
-	tokens *ratelimit.Reservation
-	row    models.Usage
+	g     *Gateway
+	call  Call
+	req   proxy.Request
+	route *Route
+	// backend is the backend of the slot the request holds.
+	backend *Backend
+	hdr     http.Header
+	tokens  *ratelimit.Reservation
+	row     models.Usage
 	// begun receives the result of the pending row's write; start sets it.
 	// A request refused before it ever waited has no pending row: its one
 	// row is written final (Record) at finish.
@@ -405,7 +436,7 @@ type exchange struct {
 func (x *exchange) run(body []byte) *Response {
 	g := x.g
 	x.ctx, x.cancel = context.WithCancelCause(context.Background())
-	if t := x.route.Backend.Timeout; t > 0 {
+	if t := x.route.Timeout; t > 0 {
 		var cancelT context.CancelFunc
 		x.ctx, cancelT = context.WithTimeout(x.ctx, t)
 		_ = cancelT // released by x.cancel: the timeout context is a child
@@ -414,7 +445,7 @@ func (x *exchange) run(body []byte) *Response {
 	// the watch on its client, its registration for Stop — is set up when
 	// it starts to wait in the queue or once it holds its slot. A request
 	// refused at once needs none of it.
-	slot, err := x.route.Backend.Gate.AcquireNotify(x.ctx, x.start)
+	slot, err := x.route.Pool.Acquire(x.ctx, admission.AcquireOptions{Queued: x.start})
 	if err != nil {
 		if x.hasBegun {
 			// It waited in the queue until it was refused or left.
@@ -422,33 +453,121 @@ func (x *exchange) run(body []byte) *Response {
 		}
 		return x.admissionFailed(err)
 	}
+	x.take(slot) // before start: a pending row names the backend it runs on
 	x.start()
-	x.slot = slot
-	x.row.QueueMs = slot.Waited().Milliseconds()
-	g.metrics.QueueWait.WithLabelValues(x.route.Backend.Name).Observe(slot.Waited().Seconds())
+	model := gjson.GetBytes(body, "model").String()
+	for {
+		x.sent = true
+		var resp *http.Response
+		if link := x.backend.Link; link != nil {
+			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
+		} else {
+			resp, err = g.client.ChatCompletions(x.ctx, x.backend.Upstream, body)
+		}
+		if reason := x.failedBeforeAnswer(resp, err); reason != "" {
+			retried, refused := x.retry(reason, resp)
+			if refused != nil {
+				return refused // the retry got no slot
+			}
+			if retried {
+				continue
+			}
+		}
+		if err != nil {
+			return x.upstreamFailed(err)
+		}
+		ct := resp.Header.Get("Content-Type")
+		if resp.StatusCode == http.StatusOK && x.req.Stream && strings.HasPrefix(ct, "text/event-stream") {
+			if err := x.waitBegun(); err != nil {
+				resp.Body.Close()
+				return x.internalError(err)
+			}
+			// From here the server writes the answer: its bytes, not a
+			// probe, tell a half-closed client that still reads from one
+			// that left.
+			x.watch.StopProbing()
+			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
+		}
+		return x.whole(resp)
+	}
+}
 
-	x.sent = true
-	var resp *http.Response
-	if link := x.route.Backend.Link; link != nil {
-		resp, err = link.ChatCompletions(x.ctx, x.call.ID, gjson.GetBytes(body, "model").String(), body)
-	} else {
-		resp, err = g.client.ChatCompletions(x.ctx, x.route.Backend.Upstream, body)
+// take makes slot the request's: its backend serves the request.
+func (x *exchange) take(slot *admission.Slot) {
+	x.slot = slot
+	x.backend = x.route.backend(slot.Backend())
+	x.row.Backend = x.backend.Name
+	x.row.QueueMs += slot.Waited().Milliseconds()
+	x.g.metrics.QueueWait.WithLabelValues(x.backend.Name).Observe(slot.Waited().Seconds())
+}
+
+// backendName names the backend of the request's slot, or its pool while
+// it holds none.
+func (x *exchange) backendName() string {
+	if x.backend != nil {
+		return x.backend.Name
+	}
+	return x.route.Pool.Name()
+}
+
+// failedBeforeAnswer tells why the backend failed the request before its
+// answer started — it refused the connection, was unreachable or not
+// connected, or answered 5xx — or "" when it did not. A request the client
+// left, stopped or outlived is no failure of the backend's.
+func (x *exchange) failedBeforeAnswer(resp *http.Response, err error) string {
+	if context.Cause(x.ctx) != nil {
+		return ""
 	}
 	if err != nil {
-		return x.upstreamFailed(err)
-	}
-	ct := resp.Header.Get("Content-Type")
-	if resp.StatusCode == http.StatusOK && x.req.Stream && strings.HasPrefix(ct, "text/event-stream") {
-		if err := x.waitBegun(); err != nil {
-			resp.Body.Close()
-			return x.internalError(err)
+		var ue *proxy.UpstreamError
+		switch {
+		case errors.Is(err, proxy.ErrEngineUnavailable):
+			return "engine not connected"
+		case errors.Is(err, proxy.ErrEngineDisconnected):
+			return "engine disconnected"
+		case errors.As(err, &ue) && ue.Status != http.StatusGatewayTimeout:
+			return "unreachable"
 		}
-		// From here the server writes the answer: its bytes, not a probe,
-		// tell a half-closed client that still reads from one that left.
-		x.watch.StopProbing()
-		return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
+		return ""
 	}
-	return x.whole(resp)
+	if resp.StatusCode >= 500 {
+		return "status " + strconv.Itoa(resp.StatusCode)
+	}
+	return ""
+}
+
+// retry marks the request's backend as failed and, once per request and
+// only while another backend of the model is up, moves the request to
+// another backend: nothing has reached the client yet. retried tells that
+// x.slot and x.backend are now the other backend's; refused is the answer
+// when the retry got no slot.
+func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refused *Response) {
+	failed := x.backend.Name
+	if x.backend.Health != nil {
+		x.backend.Health.Failed(reason)
+	}
+	if x.row.RetriedFrom != "" || !x.route.Pool.CanRetry(failed) {
+		return false, nil
+	}
+	if resp != nil {
+		// The engine's error answer is dropped for the retry's; drain a
+		// little so that its connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+		resp.Body.Close()
+	}
+	x.slot.Release()
+	x.slot = nil
+	x.row.RetriedFrom = failed
+	x.g.metrics.Retries.WithLabelValues(failed).Inc()
+	x.g.log.Warn("backend failed before answering; retrying on another", "backend", failed, "reason", reason,
+		"model", x.route.Model, "inference_id", x.call.ID)
+	// The retry keeps the request's place among those that came after it.
+	slot, err := x.route.Pool.Acquire(x.ctx, admission.AcquireOptions{Exclude: failed, Arrival: x.call.Start})
+	if err != nil {
+		return false, x.admissionFailed(err)
+	}
+	x.take(slot)
+	return true, nil
 }
 
 // start queues the pending ledger row, watches the client's connection and
@@ -707,7 +826,11 @@ func (x *exchange) admissionFailed(err error) *Response {
 		x.hdr.Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
 		x.g.metrics.Rejections.WithLabelValues(rej.Reason).Inc()
 		x.finish()
-		msg := fmt.Sprintf("Backend %s is at capacity (%s). Retry after %ds.", x.route.Backend.Name, strings.ReplaceAll(rej.Reason, "_", " "), rej.RetryAfterSeconds())
+		who := "Backend " + x.route.Pool.Name() + " is"
+		if len(x.route.Backends) > 1 {
+			who = "Every backend of model " + x.route.Model + " is"
+		}
+		msg := fmt.Sprintf("%s at capacity (%s). Retry after %ds.", who, strings.ReplaceAll(rej.Reason, "_", " "), rej.RetryAfterSeconds())
 		return x.reply(http.StatusServiceUnavailable, msg, "server_error", rej.Reason)
 	}
 	return x.upstreamFailed(err)
@@ -733,7 +856,7 @@ func (x *exchange) upstreamFailed(err error) *Response {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded):
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_timeout", http.StatusGatewayTimeout
 		x.finish()
-		return x.reply(http.StatusGatewayTimeout, fmt.Sprintf("Backend %s did not answer in time.", x.route.Backend.Name), "server_error", "upstream_timeout")
+		return x.reply(http.StatusGatewayTimeout, fmt.Sprintf("Backend %s did not answer in time.", x.backendName()), "server_error", "upstream_timeout")
 	case errors.Is(err, proxy.ErrEngineUnavailable):
 		// Never sent: the engine was away and its link's queue was full or
 		// the request outwaited its TTL. Like a full admission queue, a
@@ -742,8 +865,8 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		x.hdr.Set("Retry-After", "1")
 		x.g.metrics.Rejections.WithLabelValues("engine_unavailable").Inc()
 		x.finish()
-		x.g.log.Warn("engine not connected: request refused", "backend", x.route.Backend.Name, "err", err, "inference_id", x.call.ID)
-		return x.reply(http.StatusServiceUnavailable, fmt.Sprintf("Backend %s is not connected. Retry after 1s.", x.route.Backend.Name), "server_error", "engine_unavailable")
+		x.g.log.Warn("engine not connected: request refused", "backend", x.backendName(), "err", err, "inference_id", x.call.ID)
+		return x.reply(http.StatusServiceUnavailable, fmt.Sprintf("Backend %s is not connected. Retry after 1s.", x.backendName()), "server_error", "engine_unavailable")
 	case errors.As(err, &ue):
 		reason := "upstream_unreachable"
 		switch {
@@ -754,13 +877,13 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		}
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, reason, ue.Status
 		x.finish()
-		x.g.log.Warn("backend unreachable", "backend", x.route.Backend.Name, "err", err, "inference_id", x.call.ID)
-		return x.reply(ue.Status, fmt.Sprintf("Backend %s is unreachable.", x.route.Backend.Name), "server_error", reason)
+		x.g.log.Warn("backend unreachable", "backend", x.backendName(), "err", err, "inference_id", x.call.ID)
+		return x.reply(ue.Status, fmt.Sprintf("Backend %s is unreachable.", x.backendName()), "server_error", reason)
 	default:
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_read_failed", http.StatusBadGateway
 		x.finish()
-		x.g.log.Warn("backend answer failed", "backend", x.route.Backend.Name, "err", err, "inference_id", x.call.ID)
-		return x.reply(http.StatusBadGateway, fmt.Sprintf("Backend %s failed while answering.", x.route.Backend.Name), "server_error", "upstream_read_failed")
+		x.g.log.Warn("backend answer failed", "backend", x.backendName(), "err", err, "inference_id", x.call.ID)
+		return x.reply(http.StatusBadGateway, fmt.Sprintf("Backend %s failed while answering.", x.backendName()), "server_error", "upstream_read_failed")
 	}
 }
 

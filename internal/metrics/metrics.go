@@ -35,6 +35,9 @@ type Metrics struct {
 	InFlight        *prometheus.GaugeVec     // backend
 	Queued          *prometheus.GaugeVec     // backend
 	RateLimitDegrad prometheus.Gauge
+	BackendUp       *prometheus.GaugeVec   // backend
+	Retries         *prometheus.CounterVec // backend (the one that failed)
+	SharedDegraded  prometheus.Gauge
 	Stops           *prometheus.CounterVec // result
 	StopLatency     prometheus.Histogram
 }
@@ -84,6 +87,15 @@ func New(models, backends []string) *Metrics {
 		RateLimitDegrad: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "moonji_ratelimit_degraded", Help: "1 while Redis is unreachable and rate limits are per replica.",
 		}),
+		BackendUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "moonji_backend_up", Help: "1 while the backend takes traffic; 0 after a failure, until a probe passes.",
+		}, []string{"backend"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_backend_retries_total", Help: "Requests the backend failed before answering that were retried on another backend.",
+		}, []string{"backend"}),
+		SharedDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "moonji_concurrency_limit_degraded", Help: "1 while Redis is unreachable and each backend's max_concurrency is shared out per replica.",
+		}),
 		Stops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "moonji_stops_total", Help: "Stop requests by result.",
 		}, []string{"result"}),
@@ -93,7 +105,7 @@ func New(models, backends []string) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Requests, m.Rejections, m.TTFT, m.QueueWait, m.Duration, m.PromptTokens,
-		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.Stops, m.StopLatency)
+		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.BackendUp, m.Retries, m.SharedDegraded, m.Stops, m.StopLatency)
 	for _, model := range models {
 		for _, o := range Outcomes {
 			m.Requests.WithLabelValues(model, o)
@@ -111,6 +123,8 @@ func New(models, backends []string) *Metrics {
 		m.QueueWait.WithLabelValues(b)
 		m.InFlight.WithLabelValues(b)
 		m.Queued.WithLabelValues(b)
+		m.BackendUp.WithLabelValues(b).Set(1)
+		m.Retries.WithLabelValues(b)
 	}
 	for _, r := range StopResults {
 		m.Stops.WithLabelValues(r)

@@ -1,0 +1,214 @@
+package admission
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"moonji/internal/lease"
+)
+
+// The shared path. With a Shared limit, a request nobody waits ahead of on
+// this replica asks the store for a slot itself (one call); a request that
+// must wait joins this replica's queue, and one goroutine per replica (the
+// pump) asks the store on behalf of each queue's oldest request whenever a
+// slot may have been freed: a release here or on another replica (the
+// store's notification), or every pollEvery in case a notification was lost
+// or a dead replica's lease expired. The store orders requests across
+// replicas by arrival, so a freed slot goes to the oldest waiter anywhere.
+
+// acquireShared asks the store for a slot for a request that nobody waits
+// ahead of. ok is false when no slot is free (the store then counts the
+// request as waiting) or the store failed (the scheduler is then degraded).
+func (s *Scheduler) acquireShared(p *Pool, cands []lease.Backend, arrival, now time.Time) (sl *Slot, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+	i, l, err := s.shared.Acquire(ctx, lease.Request{Queue: p.name, Candidates: cands, Arrival: arrival})
+	cancel()
+	if err != nil {
+		s.sharedFailed(err)
+		return nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i < 0 {
+		p.registered = true
+		return nil, false
+	}
+	b := s.byName[cands[i].Name]
+	b.inFlight++
+	s.changedLocked(b)
+	return &Slot{p: p, b: b, lease: l, leased: true, acquired: now, waited: time.Since(now)}, true
+}
+
+// poke wakes the pump without blocking; a wake-up already pending is
+// enough.
+func (s *Scheduler) poke() {
+	if s.kick == nil {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Scheduler) pump() {
+	defer s.wg.Done()
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-s.kick:
+		case <-t.C:
+		}
+		s.pumpOnce()
+	}
+}
+
+// pumpOnce serves every queue once, the queue with the oldest waiter first,
+// or, while degraded, checks whether the store answers again.
+func (s *Scheduler) pumpOnce() {
+	s.mu.Lock()
+	if s.degraded {
+		due := time.Since(s.checkedAt) >= recoverEvery
+		if due {
+			s.checkedAt = time.Now()
+		}
+		s.mu.Unlock()
+		if due {
+			s.tryRecover()
+		}
+		return
+	}
+	var pools []*Pool
+	for _, p := range s.pools {
+		if p.head != nil || p.registered {
+			pools = append(pools, p)
+		}
+	}
+	slices.SortFunc(pools, func(a, b *Pool) int {
+		switch {
+		case a.head == nil && b.head == nil:
+			return 0
+		case a.head == nil:
+			return 1
+		case b.head == nil:
+			return -1
+		}
+		return a.head.since.Compare(b.head.since)
+	})
+	s.mu.Unlock()
+	for _, p := range pools {
+		if !s.pumpPool(p) {
+			return
+		}
+	}
+}
+
+// pumpPool takes slots for the pool's waiters, oldest first, until the
+// store has none free; it clears the pool's wait entries once nobody waits.
+// It returns false when the store failed.
+func (s *Scheduler) pumpPool(p *Pool) bool {
+	for {
+		s.mu.Lock()
+		if s.degraded || s.closed {
+			s.mu.Unlock()
+			return false
+		}
+		w := p.head
+		if w == nil {
+			registered := p.registered
+			p.registered = false
+			s.mu.Unlock()
+			if registered {
+				ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+				err := s.shared.ClearWait(ctx, p.name, p.names)
+				cancel()
+				if err != nil {
+					s.sharedFailed(err)
+					return false
+				}
+			}
+			return true
+		}
+		cands := p.candidatesLocked(w.exclude)
+		var next time.Time
+		if w.next != nil {
+			next = w.next.since
+		}
+		s.mu.Unlock()
+		if len(cands) == 0 {
+			return true // this replica holds every slot it may
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+		i, l, err := s.shared.Acquire(ctx, lease.Request{Queue: p.name, Candidates: cands, Arrival: w.since, Next: next})
+		cancel()
+		if err != nil {
+			s.sharedFailed(err)
+			return false
+		}
+		s.mu.Lock()
+		p.registered = true
+		if i < 0 {
+			s.mu.Unlock()
+			return true
+		}
+		if w.queued {
+			w.lease, w.leased = l, true // before the grant wakes the waiter
+			s.grantLocked(p, w, s.byName[cands[i].Name])
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Unlock()
+		// The waiter left (timeout, client gone) while its slot was being
+		// taken: give the slot back.
+		ctx, cancel = context.WithTimeout(context.Background(), sharedCallTimeout)
+		err = s.shared.Release(ctx, l)
+		cancel()
+		if err != nil {
+			s.log.Warn("shared concurrency limit: release failed; the lease expires on its own", "backend", l.Backend(), "err", err)
+		}
+	}
+}
+
+// sharedFailed switches to the per-replica share when the store fails:
+// never unlimited, and the requests already waiting are served from it.
+func (s *Scheduler) sharedFailed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.degraded {
+		return
+	}
+	s.degraded = true
+	s.checkedAt = time.Now()
+	s.log.Warn("shared concurrency limit unreachable: each backend's limit is now shared out per replica",
+		"live_replicas", max(1, s.shared.LiveReplicas()), "err", err)
+	if s.onDegraded != nil {
+		s.onDegraded(true)
+	}
+	for _, p := range s.pools {
+		s.dispatchLocked(p)
+	}
+}
+
+// tryRecover leaves the per-replica share once the store answers again.
+func (s *Scheduler) tryRecover() {
+	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+	err := s.shared.Ping(ctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	if s.degraded {
+		s.degraded = false
+		s.log.Info("shared concurrency limit reachable again: limits hold across replicas")
+		if s.onDegraded != nil {
+			s.onDegraded(false)
+		}
+	}
+	s.mu.Unlock()
+	s.poke()
+}

@@ -1,0 +1,203 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"moonji/internal/admission"
+	"moonji/internal/config"
+	"moonji/internal/enginelink"
+	"moonji/internal/gateway"
+	"moonji/internal/health"
+	"moonji/internal/lease"
+	"moonji/internal/proxy"
+)
+
+// startBackends creates each backend with its health check and starts the
+// in-process engines of builtin backends.
+func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend, error) {
+	out := map[string]*gateway.Backend{}
+	s.Health = map[string]*health.Checker{}
+	// Probes have a client of their own: a probe must not wait behind, or
+	// hold, the connections that carry requests.
+	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
+	for _, b := range cfg.Backends {
+		gb := &gateway.Backend{Name: b.Name, Kind: b.Kind,
+			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
+		var probe func(context.Context) error
+		switch b.Kind {
+		case config.KindBuiltin:
+			url, err := s.startBuiltin(cfg, b)
+			if err != nil {
+				return nil, err
+			}
+			gb.Upstream.BaseURL = url
+		case config.KindEngine:
+			// One link per engine backend per replica; it dials in the
+			// background, so a replica starts whether the engine is up or not.
+			link := enginelink.New(enginelink.Options{Name: b.Name, URL: b.URL, Token: b.APIKey,
+				QueueSize: b.Link.QueueSize, MessageTTL: b.Link.MessageTTL, PingInterval: b.Link.PingInterval,
+				Log: s.log.With("component", "enginelink")})
+			link.Start()
+			s.closers = append(s.closers, link.Close)
+			s.links = append(s.links, link)
+			gb.Link = link
+			// The link's own heartbeat knows whether the engine is there.
+			probe = func(context.Context) error {
+				if link.Stats().Connected != 1 {
+					return errors.New("engine not connected")
+				}
+				return nil
+			}
+		default:
+			probe = health.HTTPProbe(probeClient, b.URL, b.APIKey)
+		}
+		name := b.Name
+		s.Metrics.BackendUp.WithLabelValues(name).Set(1)
+		checker := health.New(name, health.Options{
+			Backoff: cfg.Health.Backoff, MaxBackoff: cfg.Health.MaxBackoff, ProbeTimeout: cfg.Health.ProbeTimeout,
+			Probe: probe, Log: s.log.With("component", "health"),
+			OnChange: func(up bool) {
+				v := 0.0
+				if up {
+					v = 1
+					// Its free slots go to the requests waiting for them.
+					if s.Scheduler != nil {
+						s.Scheduler.Wake()
+					}
+				}
+				s.Metrics.BackendUp.WithLabelValues(name).Set(v)
+			},
+		})
+		s.closers = append(s.closers, checker.Close)
+		s.Health[name] = checker
+		gb.Health = checker
+		out[b.Name] = gb
+	}
+	if len(s.links) > 0 {
+		s.Metrics.WatchEngineLinks(s.engineLinkStats)
+	}
+	return out, nil
+}
+
+// startAdmission builds the scheduler — one pool per set of backends that
+// serve a model, so that models served by the same backends share one queue
+// — and, with Redis, the leases that make each max_concurrency hold across
+// replicas. It returns the routes.
+func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway.Backend) ([]*gateway.Route, error) {
+	var c admission.Config
+	for _, b := range cfg.Backends {
+		checker := s.Health[b.Name]
+		c.Backends = append(c.Backends, admission.BackendSpec{Name: b.Name, MaxConcurrency: b.MaxConcurrency,
+			Weight: b.Weight, Up: checker.Up})
+	}
+	byName := map[string]config.Backend{}
+	for _, b := range cfg.Backends {
+		byName[b.Name] = b
+	}
+	pools := map[string]bool{}
+	for _, m := range cfg.Models {
+		names := m.BackendNames()
+		pool := admission.PoolName(names)
+		if pools[pool] {
+			continue
+		}
+		pools[pool] = true
+		// The queue of several backends holds what theirs would together
+		// and waits as long as the most patient of them.
+		ps := admission.PoolSpec{Name: pool, Backends: names}
+		for _, n := range names {
+			ps.MaxQueue += byName[n].MaxQueue
+			ps.QueueTimeout = max(ps.QueueTimeout, byName[n].QueueTimeout)
+		}
+		c.Pools = append(c.Pools, ps)
+	}
+	c.OnChange = func(backend string, inFlight, queued int) {
+		s.Metrics.InFlight.WithLabelValues(backend).Set(float64(inFlight))
+		s.Metrics.Queued.WithLabelValues(backend).Set(float64(queued))
+	}
+	c.Log = s.log.With("component", "admission")
+	if s.Redis != nil && !cfg.LocalConcurrency {
+		s.Leases = lease.New(s.Redis, lease.Options{Prefix: cfg.RedisPrefix, Replica: leaseReplica(cfg.ReplicaID), TTL: cfg.LeaseTTL,
+			Log: s.log.With("component", "lease"),
+			OnReleased: func(string) {
+				if s.Scheduler != nil {
+					s.Scheduler.Wake()
+				}
+			}})
+		c.Shared = sharedLimit{s.Leases, s}
+		c.OnDegraded = func(degraded bool) {
+			v := 0.0
+			if degraded {
+				v = 1
+			}
+			s.Metrics.SharedDegraded.Set(v)
+		}
+		s.log.Info("each backend's max_concurrency holds across replicas (slots leased in Redis)", "lease_ttl", cfg.LeaseTTL)
+	} else if s.Redis != nil {
+		s.log.Info("each backend's max_concurrency holds per replica (local_concurrency is set)")
+	} else {
+		s.log.Info("each backend's max_concurrency holds per replica: set redis_url to share it across replicas")
+	}
+	sched, err := admission.New(c)
+	if err != nil {
+		return nil, fmt.Errorf("admission: %w", err)
+	}
+	s.Scheduler = sched
+	if s.Leases != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.Leases.Start(ctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("Redis does not answer yet: concurrency limits are shared out per replica until it does", "err", err)
+		}
+		// Closed after the scheduler (closers run in reverse): the store
+		// gives back the slots still held.
+		s.closers = append(s.closers, func() {
+			if err := s.Leases.Close(); err != nil {
+				s.log.Warn("release the slots held in Redis", "err", err)
+			}
+		})
+	}
+	sched.Start()
+	s.closers = append(s.closers, sched.Close)
+
+	var routes []*gateway.Route
+	for _, m := range cfg.Models {
+		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames()))}
+		none := false
+		for _, n := range m.BackendNames() {
+			r.Backends = append(r.Backends, backends[n])
+			// A request may take as long as its most patient backend
+			// allows; no timeout on any of them means none.
+			t := byName[n].Timeout
+			none = none || t == 0
+			r.Timeout = max(r.Timeout, t)
+		}
+		if none {
+			r.Timeout = 0
+		}
+		routes = append(routes, r)
+	}
+	return routes, nil
+}
+
+// sharedLimit is the lease store as the scheduler's Shared limit; Ping
+// asks Redis itself.
+type sharedLimit struct {
+	*lease.Store
+	s *Server
+}
+
+func (l sharedLimit) Ping(ctx context.Context) error { return l.s.Redis.Ping(ctx).Err() }
+
+// leaseReplica is the replica id in the form the lease store's member names
+// allow (no '/' or '|'; the default id is host/listen), escaped so that two
+// ids never map to one.
+func leaseReplica(id string) string {
+	return strings.NewReplacer("%", "%25", "/", "%2F", "|", "%7C").Replace(id)
+}
