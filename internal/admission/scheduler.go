@@ -113,6 +113,9 @@ type Scheduler struct {
 	checkedAt  time.Time // when the degraded store was last asked
 	kick       chan struct{}
 	done       chan struct{}
+	// releases carries leases to give back to the store, off the request's
+	// path: a request's answer need not wait for Redis to hear of its end.
+	releases chan lease.Lease
 	started    bool
 	closed     bool
 	wg         sync.WaitGroup
@@ -206,6 +209,7 @@ func New(c Config) (*Scheduler, error) {
 	if s.shared != nil {
 		s.kick = make(chan struct{}, 1)
 		s.done = make(chan struct{})
+		s.releases = make(chan lease.Lease, releaseQueue)
 	}
 	return s, nil
 }
@@ -219,8 +223,9 @@ func (s *Scheduler) Start() {
 		return
 	}
 	s.started = true
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.pump()
+	go s.releaser()
 }
 
 // Close stops the shared path's goroutine; slots still held are released
@@ -455,13 +460,7 @@ func (sl *Slot) release(sample bool) {
 	}
 	s.mu.Unlock()
 	if sl.leased {
-		ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
-		err := s.shared.Release(ctx, sl.lease)
-		cancel()
-		if err != nil {
-			// The lease expires by itself: the store no longer renews it.
-			s.log.Warn("shared concurrency limit: release failed; the lease expires on its own", "backend", sl.b.name, "err", err)
-		}
+		s.giveBack(sl.lease)
 	}
 	if !local {
 		s.poke()
