@@ -250,3 +250,97 @@ models: [{name: m1, backend: mock}]
 		t.Fatalf("slots took %s to come back, over the lease TTL %s", freed, ttl)
 	}
 }
+
+// TestSharedLimitWithoutRedis: when Redis goes away, each replica serves
+// its share of the limit (max_concurrency / live replicas), never more,
+// says so in a metric and /readyz, and goes back to the shared limit once
+// Redis answers.
+func TestSharedLimitWithoutRedis(t *testing.T) {
+	engine := startKillableEngine(t, "m1")
+	mr := miniredis.RunT(t)
+	prefix := fmt.Sprintf("moonjitest:%d:", time.Now().UnixNano())
+	dbURL := sharedDB(t)
+	var replicas []*testEnv
+	for i := range 2 {
+		e := startWithConfig(t, &config.Config{
+			DatabaseURL: dbURL, RedisURL: "redis://" + mr.Addr(), RedisPrefix: prefix, LeaseTTL: 3 * time.Second,
+			ReplicaID: fmt.Sprintf("share-%d-%d", i, time.Now().UnixNano()),
+			RateLimit: config.RateLimit{RequestsPerMinute: 100000},
+			Backends: []config.Backend{{Name: "mock", URL: engine.URL(), MaxConcurrency: 8, MaxQueue: 8,
+				QueueTimeout: 200 * time.Millisecond}},
+			Models: []config.Model{{Name: "m1", Backend: "mock"}},
+		}, nil, "")
+		replicas = append(replicas, e)
+	}
+	a := replicas[0]
+	// Both replicas have renewed once, so each knows there are two.
+	waitFor(t, "both replicas to see each other", 5*time.Second, func() bool { return a.srv.Leases.LiveReplicas() == 2 })
+
+	mr.Close()
+	var bodies []io.Closer
+	defer func() {
+		for _, b := range bodies {
+			b.Close()
+		}
+	}()
+	admitted, refused := 0, 0
+	for range 6 {
+		resp := a.post(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hold"}],"mock":{"tps":20,"tokens":10000}}`)
+		bodies = append(bodies, resp.Body)
+		switch resp.StatusCode {
+		case http.StatusOK:
+			if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			admitted++
+		case http.StatusServiceUnavailable:
+			refused++
+		default:
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if admitted != 4 || refused != 2 {
+		t.Fatalf("with Redis down: %d admitted, %d refused; want the share 8/2 = 4 admitted", admitted, refused)
+	}
+	if v := metricValue(t, a, "moonji_concurrency_limit_degraded", ""); v != 1 {
+		t.Fatalf("moonji_concurrency_limit_degraded = %v, want 1", v)
+	}
+	resp, err := http.Get(a.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := readAll(t, resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(ready, `"concurrency_limit":"per_replica"`) || !strings.Contains(ready, `"redis":"unreachable"`) {
+		t.Fatalf("/readyz with Redis down: %s", ready)
+	}
+	for _, b := range bodies {
+		b.Close()
+	}
+	bodies = nil
+
+	if err := mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the shared limit to come back", 5*time.Second, func() bool {
+		return metricValue(t, a, "moonji_concurrency_limit_degraded", "") == 0
+	})
+	waitFor(t, "the engine to see the streams end", 5*time.Second, func() bool { return engine.running.Load() == 0 })
+	if a.srv.Scheduler.Degraded() {
+		t.Fatal("the scheduler still says degraded")
+	}
+	// Back on leases: one replica may take all 8 again.
+	for range 8 {
+		resp := a.post(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hold"}],"mock":{"tps":20,"tokens":10000}}`)
+		bodies = append(bodies, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("after Redis came back: status %d", resp.StatusCode)
+		}
+		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := a.srv.Leases.Count(context.Background(), "mock"); err != nil || n != 8 {
+		t.Fatalf("%d leases in Redis (err %v), want 8", n, err)
+	}
+}

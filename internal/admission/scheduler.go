@@ -116,9 +116,9 @@ type Scheduler struct {
 	// releases carries leases to give back to the store, off the request's
 	// path: a request's answer need not wait for Redis to hear of its end.
 	releases chan lease.Lease
-	started    bool
-	closed     bool
-	wg         sync.WaitGroup
+	started  bool
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 type backend struct {

@@ -79,7 +79,9 @@ func heapInUse() uint64 {
 
 func TestHolderJanitorBoundsMemory(t *testing.T) {
 	const n = 10_000
-	const ttl = 100 * time.Millisecond
+	// Long enough that no entry expires while the 10,000 go in, even on a
+	// loaded machine (at 100 ms, a busy CI machine lost a thousand).
+	const ttl = time.Second
 	h := NewHolder(ttl)
 	defer h.Close()
 	base := heapInUse()
@@ -90,7 +92,7 @@ func TestHolderJanitorBoundsMemory(t *testing.T) {
 		t.Fatalf("Len = %d, want %d", got, n)
 	}
 	full := heapInUse()
-	waitFor(t, 5*time.Second, "janitor to empty the holder", func() bool { return h.Len() == 0 })
+	waitFor(t, 10*time.Second, "janitor to empty the holder", func() bool { return h.Len() == 0 })
 	// One more sweep so that the shards' maps have been rebuilt small.
 	time.Sleep(2 * h.sweep)
 	after := heapInUse()
