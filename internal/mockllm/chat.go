@@ -7,15 +7,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
-
-	"moonji/internal/jsonguard"
 )
 
 // maxBodyBytes bounds request bodies; real prompts are far smaller and a
@@ -101,9 +98,11 @@ func (s *Server) pacing(k knobs) pacing {
 
 // gen is everything needed to produce one validated completion.
 type gen struct {
-	id           string
-	created      int64
-	model        string
+	id      string
+	created int64
+	model   string
+	// tokens is the answer (every choice's; completionGen has one per
+	// choice instead).
 	tokens       []string
 	finish       string
 	promptTokens int
@@ -125,67 +124,12 @@ type gen struct {
 const maxModelLen = 131072
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	ctx := r.Context()
-	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	req := gjson.ParseBytes(body)
-	// jsonguard, not gjson.ValidBytes: that recurses once per nesting level
-	// and a few MB of "[" overflow the stack, ending the process (the demo
-	// engine runs inside the gateway's).
-	valid := readErr == nil && jsonguard.Validate(body, nil) == nil && req.IsObject()
-
-	rec := &Record{Body: body, Started: start}
-	k := knobs{disconnectAfter: -1, streamErrorAfter: -1}
-	if valid {
-		k = parseKnobs(req.Get("mock"))
-		rec.Tag = k.tag
-		rec.Model = req.Get("model").String()
-		rec.Stream = req.Get("stream").Bool()
-		rec.IncludeUsage = rec.Stream && req.Get("stream_options.include_usage").Bool()
-	}
-	s.add(rec)
-	s.log.Info("request", "tag", rec.Tag, "model", rec.Model, "stream", rec.Stream,
-		"include_usage", rec.IncludeUsage, "bytes", len(body), "remote", r.RemoteAddr)
-
-	if !valid {
-		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", invalidBodyMessage(body, readErr))
+	req, rec, k, ok := s.begin(w, r, APIChat)
+	if !ok {
 		return
 	}
-
-	// The knobs that replace the answer come before validation: a test that
-	// asks for a failure, a hang or a recording gets exactly that.
-	switch {
-	case k.failStatus != 0:
-		if k.failStatus < 400 || k.failStatus > 599 {
-			s.fail(w, rec, http.StatusBadRequest, "invalid_request_error",
-				fmt.Sprintf("mock.fail_status must be between 400 and 599, got %d", k.failStatus))
-			return
-		}
-		typ, msg := k.failType, k.failMessage
-		if typ == "" {
-			typ = errorType(k.failStatus)
-		}
-		if msg == "" {
-			msg = fmt.Sprintf("mock failure: %s", http.StatusText(k.failStatus))
-		}
-		s.fail(w, rec, k.failStatus, typ, msg)
-		return
-	case k.hang:
-		<-ctx.Done()
-		s.cancelled(rec, "hang", context.Cause(ctx))
-		return
-	case k.replay != "":
-		s.replay(ctx, w, rec, k)
-		return
-	}
-
-	model := rec.Model
-	if model == "" {
-		// vLLM falls back to its first served model when none is named.
-		model = s.opts.Models[0]
-	}
-	if !s.serves(model) {
-		s.fail(w, rec, http.StatusNotFound, "NotFoundError", notFoundMessage(model))
+	model, ok := s.servedModel(w, rec)
+	if !ok {
 		return
 	}
 	msgs := req.Get("messages")
@@ -193,7 +137,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", "'messages' must be a non-empty array")
 		return
 	}
-	n, finish, err := s.completionLength(req, k)
+	n, finish, err := s.completionLength(req, k, "max_completion_tokens", "max_tokens")
 	if err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -204,45 +148,29 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompt := promptTokens(msgs)
-	if prompt+n > maxModelLen {
-		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf(
-			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			maxModelLen, prompt+n, prompt, n))
+	if err := contextTooLong(prompt, n, "messages"); err != nil {
+		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 
-	last := lastUserText(msgs)
-	tokens := CompletionTokens(last, n)
-	if echo, ok := strings.CutPrefix(last, EchoPrefix); ok {
-		if tokens = EchoTokens(echo); finish == "length" && len(tokens) > n {
-			tokens = tokens[:n]
-		}
-	}
-	g := gen{
-		id:               newID(),
-		created:          start.Unix(),
-		model:            model,
-		tokens:           tokens,
-		finish:           finish,
-		choices:          choices,
-		promptTokens:     prompt,
-		includeUsage:     rec.IncludeUsage,
-		pace:             s.pacing(k),
-		start:            start,
-		disconnectAfter:  k.disconnectAfter,
-		streamErrorAfter: k.streamErrorAfter,
-	}
+	g := s.newGen(rec, k, model)
+	g.id = newID("chatcmpl-")
+	g.tokens = answerTokens(lastUserText(msgs), n, finish)
+	g.finish = finish
+	g.choices = choices
+	g.promptTokens = prompt
 	if rec.Stream {
-		s.stream(ctx, w, rec, g)
+		s.stream(r.Context(), w, rec, g)
 	} else {
-		s.complete(ctx, w, rec, g)
+		s.complete(r.Context(), w, rec, g)
 	}
 }
 
 // completionLength returns how many tokens to generate and the finish reason:
 // "length" when the client's limit cut the text, "stop" when the mock chose.
-func (s *Server) completionLength(req gjson.Result, k knobs) (int, string, error) {
-	for _, field := range []string{"max_completion_tokens", "max_tokens"} {
+// The limit is the first of fields that the request sets.
+func (s *Server) completionLength(req gjson.Result, k knobs, fields ...string) (int, string, error) {
+	for _, field := range fields {
 		v := req.Get(field)
 		switch v.Type {
 		case gjson.Null: // Missing or explicit null: unset.
@@ -285,23 +213,8 @@ func choiceCount(v gjson.Result) (int, error) {
 // with n > 1, a role chunk for every choice first, then each token as one
 // chunk per choice, then each choice's finish chunk.
 func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record, g gen) {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.WriteHeader(http.StatusOK)
-	s.update(rec, func(r *Record) { r.Status = http.StatusOK })
-	send := func(payload string) error {
-		if _, err := io.WriteString(w, "data: "+payload+"\n\n"); err != nil {
-			return fmt.Errorf("writing SSE frame: %w", err)
-		}
-		if err := rc.Flush(); err != nil {
-			return fmt.Errorf("flushing SSE frame: %w", err)
-		}
-		return nil
-	}
-	// Headers go out at once, as with vLLM, so a client can tell "accepted,
-	// waiting for the first token" from "not answering".
-	if err := rc.Flush(); err != nil {
-		s.cancelled(rec, "headers", err)
+	out := s.startSSE(w, rec)
+	if out == nil {
 		return
 	}
 	if !waitUntil(ctx, g.start.Add(g.pace.ttft)) {
@@ -312,36 +225,21 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 	prefix := fmt.Sprintf(`{"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[`,
 		jstr(g.id), g.created, jstr(g.model))
 	for c := range g.choices {
-		if err := send(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`); err != nil {
+		if err := out.data(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`); err != nil {
 			s.cancelled(rec, "ttft", err)
 			return
 		}
 	}
-	for i, tok := range g.tokens {
-		if i == g.disconnectAfter {
-			s.abort(rec)
-		}
-		if i == g.streamErrorAfter {
-			// vLLM's streaming error: an error frame, then [DONE], in a 200.
-			_ = send(`{"error":{"message":"The engine failed while generating.","type":"InternalServerError","param":null,"code":500}}`)
-			_ = send("[DONE]")
-			s.completed(rec)
-			return
-		}
-		if !waitUntil(ctx, g.pace.due(g.start, i+1)) {
-			s.cancelled(rec, "streaming", context.Cause(ctx))
-			return
-		}
+	emit := func(i int) error {
 		for c := range g.choices {
-			if err := send(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"content":` + jstr(tok) + `},"logprobs":null,"finish_reason":null}]}`); err != nil {
-				s.cancelled(rec, "streaming", err)
-				return
+			if err := out.data(prefix + `{"index":` + strconv.Itoa(c) + `,"delta":{"content":` + jstr(g.tokens[i]) + `},"logprobs":null,"finish_reason":null}]}`); err != nil {
+				return err
 			}
 		}
-		s.update(rec, func(r *Record) { r.ChunksSent = i + 1 })
+		return nil
 	}
-	if g.disconnectAfter >= len(g.tokens) {
-		s.abort(rec)
+	if !s.generate(ctx, rec, g, len(g.tokens), emit, out.engineError) {
+		return
 	}
 
 	var frames []string
@@ -353,7 +251,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 	}
 	frames = append(frames, "[DONE]")
 	for _, f := range frames {
-		if err := send(f); err != nil {
+		if err := out.data(f); err != nil {
 			s.cancelled(rec, "finishing", err)
 			return
 		}
@@ -364,22 +262,8 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, rec *Record,
 // complete generates at the same pace as a stream, so that cancellation and
 // latency behave alike, then writes one chat.completion object.
 func (s *Server) complete(ctx context.Context, w http.ResponseWriter, rec *Record, g gen) {
-	for i := range g.tokens {
-		if i == g.disconnectAfter {
-			s.abort(rec)
-		}
-		if !waitUntil(ctx, g.pace.due(g.start, i+1)) {
-			phase := "generating"
-			if i == 0 {
-				phase = "ttft"
-			}
-			s.cancelled(rec, phase, context.Cause(ctx))
-			return
-		}
-		s.update(rec, func(r *Record) { r.ChunksSent = i + 1 })
-	}
-	if g.disconnectAfter >= len(g.tokens) {
-		s.abort(rec)
+	if !s.generate(ctx, rec, g, len(g.tokens), nil, nil) {
+		return
 	}
 	choices := make([]string, g.choices)
 	for c := range choices {
@@ -388,17 +272,22 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, rec *Recor
 	}
 	body := fmt.Sprintf(`{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[%s],"usage":%s,"prompt_logprobs":null}`,
 		jstr(g.id), g.created, jstr(g.model), strings.Join(choices, ","), usageJSON(g.promptTokens, g.choices*len(g.tokens)))
+	s.answer(w, rec, body)
+}
+
+// usageJSON renders usage with vLLM's field order.
+func usageJSON(prompt, completion int) string {
+	return fmt.Sprintf(`{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`, prompt, prompt+completion, completion)
+}
+
+// answer writes a whole 200 JSON answer and records it.
+func (s *Server) answer(w http.ResponseWriter, rec *Record, body string) {
 	s.update(rec, func(r *Record) { r.Status = http.StatusOK })
 	if err := writeJSON(w, http.StatusOK, []byte(body)); err != nil {
 		s.cancelled(rec, "writing", err)
 		return
 	}
 	s.completed(rec)
-}
-
-// usageJSON renders usage with vLLM's field order.
-func usageJSON(prompt, completion int) string {
-	return fmt.Sprintf(`{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`, prompt, prompt+completion, completion)
 }
 
 // fail answers an OpenAI-format error and records it.
@@ -559,9 +448,10 @@ func jstr(s string) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
-// newID returns a vLLM-style completion id.
-func newID() string {
+// newID returns a vLLM-style id: prefix ("chatcmpl-", "cmpl-", "resp_",
+// "msg_") and 32 random hex digits.
+func newID(prefix string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails since Go 1.24.
-	return "chatcmpl-" + hex.EncodeToString(b[:])
+	return prefix + hex.EncodeToString(b[:])
 }

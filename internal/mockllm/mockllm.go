@@ -1,10 +1,12 @@
 // Package mockllm is a fake OpenAI-compatible inference engine that answers
 // like vLLM's OpenAI server, byte for byte where it matters to clients.
 //
-// It serves POST /v1/chat/completions (streaming and not), GET /v1/models and
+// It serves POST /v1/chat/completions, /v1/completions and /v1/responses
+// (streaming and not), POST /v1/embeddings, GET /v1/models and
 // GET /v1/models/{id}. The completion is a deterministic English story (see
 // CompletionTokens), paced by TokensPerSecond and TTFT, so that the gateway's
-// demo model and its tests can run without a GPU.
+// demo model and its tests can run without a GPU. Options.APIs turns the
+// inference endpoints off one by one, to play an engine that lacks some.
 //
 // Tests steer a single request with an optional "mock" object in the request
 // body, which the gateway passes through untouched:
@@ -15,17 +17,19 @@
 //	         "replay": "chat_stream.sse"}
 //
 // stream_error_after writes, after that many content tokens, an error frame
-// and then [DONE] into the 200 stream, as vLLM does when generation fails.
+// and then [DONE] into the 200 stream, as vLLM does when generation fails
+// (on /v1/responses: an "error" event, then "response.failed").
 //
-// Every chat request is recorded (see Record); a request whose client goes away
-// before the response is complete is marked Cancelled, which is how gateway
-// tests prove that an upstream request was cancelled.
+// Every inference request is recorded (see Record); a request whose client
+// goes away before the response is complete is marked Cancelled, which is how
+// gateway tests prove that an upstream request was cancelled.
 //
 // Errors use OpenAI's shape {"error":{"message","type","param","code"}} with
 // code set to the HTTP status as vLLM does. Malformed requests are 400
 // "invalid_request_error"; an unknown model is 404 "NotFoundError" with
 // vLLM's message "The model `x` does not exist.". Unknown routes answer
-// FastAPI's {"detail":"Not Found"}, again like vLLM.
+// FastAPI's {"detail":"Not Found"}, again like vLLM, and so do the endpoints
+// turned off by Options.APIs.
 package mockllm
 
 import (
@@ -51,8 +55,8 @@ type Options struct {
 	// TokensPerSecond is the default pacing between content chunks; 0 means
 	// as fast as possible.
 	TokensPerSecond float64
-	// TTFT is the delay before the first content chunk. Headers are sent
-	// immediately, as vLLM does.
+	// TTFT is the delay before the first content chunk (for embeddings,
+	// before the answer). Headers are sent immediately, as vLLM does.
 	TTFT time.Duration
 	// Tokens is the default completion length in chunks when the request has
 	// no max_tokens; default 16.
@@ -66,6 +70,15 @@ type Options struct {
 	// 0 keeps everything (fine for tests), a long-running demo should set it
 	// so that memory does not grow with traffic.
 	MaxRecords int
+	// APIs are the inference endpoints served, among APIChat, APICompletions,
+	// APIEmbeddings and APIResponses; empty means all of them. The others
+	// answer 404 as unknown routes do, which is how tests play a chat-only
+	// engine. New panics on a name it does not know: a typo here would
+	// otherwise turn into a puzzling 404.
+	APIs []string
+	// EmbeddingDims is the length of the vectors /v1/embeddings returns when
+	// the request sets no "dimensions"; default 16.
+	EmbeddingDims int
 }
 
 // DemoOptions returns the options of the gateway's demo model: DemoModel,
@@ -79,17 +92,21 @@ func DemoOptions() Options {
 	}
 }
 
-// Record describes one chat completion request seen by the server and what
-// became of it.
+// Record describes one inference request seen by the server and what became
+// of it.
 type Record struct {
+	// Endpoint is the API the request was sent to: APIChat, APICompletions,
+	// APIEmbeddings or APIResponses.
+	Endpoint     string
 	Tag, Model   string
 	Body         []byte
 	Stream       bool
 	IncludeUsage bool
 	Started      time.Time
 	// ChunksSent counts content tokens sent so far (for a streaming answer,
-	// content chunks; for a replayed stream, frames). The role, finish and
-	// usage chunks are not counted.
+	// content chunks or text deltas; for a replayed stream, frames). The
+	// role, finish and usage chunks, and the Responses API's other events,
+	// are not counted. Embeddings leave it at 0.
 	ChunksSent int
 	// Cancelled is set when the client went away before the response was
 	// complete; CancelledAt is when the server noticed.
@@ -128,6 +145,13 @@ func New(o Options) *Server {
 	if o.TokensPerSecond < 0 {
 		o.TokensPerSecond = 0
 	}
+	if o.EmbeddingDims <= 0 {
+		o.EmbeddingDims = defaultEmbeddingDims
+	}
+	if err := checkAPIs(o.APIs); err != nil {
+		panic(err)
+	}
+	o.APIs = slices.Clone(o.APIs)
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
@@ -140,17 +164,20 @@ func New(o Options) *Server {
 	}
 }
 
-// ServeHTTP routes POST /v1/chat/completions, GET /v1/models,
-// GET /v1/models/{id} and GET /health.
+// ServeHTTP routes POST /v1/chat/completions, /v1/completions,
+// /v1/embeddings and /v1/responses, GET /v1/models, GET /v1/models/{id} and
+// GET /health.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	switch {
 	case path == "/v1/chat/completions":
-		if r.Method != http.MethodPost {
-			methodNotAllowed(w, http.MethodPost)
-			return
-		}
-		s.chat(w, r)
+		s.inference(w, r, APIChat, s.chat)
+	case path == "/v1/completions":
+		s.inference(w, r, APICompletions, s.completions)
+	case path == "/v1/embeddings":
+		s.inference(w, r, APIEmbeddings, s.embeddings)
+	case path == "/v1/responses":
+		s.inference(w, r, APIResponses, s.responses)
 	case path == "/v1/models":
 		if r.Method != http.MethodGet {
 			methodNotAllowed(w, http.MethodGet)
@@ -171,6 +198,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusNotFound, []byte(`{"detail":"Not Found"}`))
 	}
+}
+
+// inference serves a POST to one of the inference endpoints, unless
+// Options.APIs turned it off: then the route does not exist.
+func (s *Server) inference(w http.ResponseWriter, r *http.Request, api string, h http.HandlerFunc) {
+	if !s.servesAPI(api) {
+		s.disabled(w, r, api)
+		return
+	}
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, http.MethodPost)
+		return
+	}
+	h(w, r)
 }
 
 // methodNotAllowed answers like FastAPI does for a known path.

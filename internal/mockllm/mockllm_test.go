@@ -666,6 +666,9 @@ func TestRun(t *testing.T) {
 	if err := Run(t.Context(), []string{"--bogus"}, io.Discard); err == nil {
 		t.Error("bad flag accepted")
 	}
+	if err := Run(t.Context(), []string{"--apis", "chat,bogus"}, io.Discard); err == nil || !strings.Contains(err.Error(), `"bogus"`) {
+		t.Errorf("bad --apis: %v", err)
+	}
 }
 
 func TestDemoOptions(t *testing.T) {

@@ -29,11 +29,17 @@ func Run(ctx context.Context, args []string, stdout io.Writer) error {
 	tokens := fset.Int("tokens", 16, "completion length when the request sets no max_tokens")
 	models := fset.String("models", "mock", "comma-separated list of served model ids")
 	replayDir := fset.String("replay-dir", "", "directory of recorded responses for the mock.replay knob")
+	apiList := fset.String("apis", "", "comma-separated APIs to serve among chat, completions, embeddings, responses (empty = all)")
+	embeddingDims := fset.Int("embedding-dims", defaultEmbeddingDims, "length of the vectors /v1/embeddings returns by default")
 	if err := fset.Parse(args); err != nil {
 		return fmt.Errorf("mockllm: parsing flags: %w", err)
 	}
 	if fset.NArg() > 0 {
 		return fmt.Errorf("mockllm: unexpected arguments %q", fset.Args())
+	}
+	apis, err := ParseAPIs(*apiList)
+	if err != nil {
+		return fmt.Errorf("mockllm: --apis: %w", err)
 	}
 	var ids []string
 	for m := range strings.SplitSeq(*models, ",") {
@@ -49,6 +55,8 @@ func Run(ctx context.Context, args []string, stdout io.Writer) error {
 		TTFT:            *ttft,
 		Tokens:          *tokens,
 		ReplayDir:       *replayDir,
+		APIs:            apis,
+		EmbeddingDims:   *embeddingDims,
 		Logger:          logger,
 		// A long-running mock must not keep every request body forever.
 		MaxRecords: 1000,
@@ -68,7 +76,7 @@ func Run(ctx context.Context, args []string, stdout io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	logger.Info("mockllm listening", "addr", "http://"+ln.Addr().String(), "models", strings.Join(srv.opts.Models, ","),
-		"tps", *tps, "ttft", *ttft, "tokens", srv.opts.Tokens, "replay_dir", *replayDir)
+		"apis", *apiList, "tps", *tps, "ttft", *ttft, "tokens", srv.opts.Tokens, "replay_dir", *replayDir)
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
