@@ -7,12 +7,20 @@ import (
 
 	"moonji/internal/connwatch"
 	"moonji/internal/gateway"
+	"moonji/internal/proxy"
 )
 
 // ChatCompletions serves POST /v1/chat/completions, with request bodies of
 // at most maxBody bytes. Every request gets an X-Inference-Id and leaves
 // exactly one usage row, whatever happens.
 func (h *Handler) ChatCompletions(maxBody int64) fiber.Handler {
+	return h.Inference(proxy.APIChat, maxBody)
+}
+
+// Inference serves POST to api's endpoint (/v1/chat/completions,
+// /v1/completions, /v1/embeddings, /v1/responses) the same way: the
+// gateway runs every API through one lifecycle.
+func (h *Handler) Inference(api proxy.API, maxBody int64) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		call := gateway.Call{ID: gateway.NewInferenceID(), Start: time.Now()}
 		SetRequestID(c, call.ID)
@@ -44,7 +52,7 @@ func (h *Handler) ChatCompletions(maxBody int64) fiber.Handler {
 			// that still reads from one that is gone.
 			call.Probe = connwatch.InterimProbe
 		}
-		return writeResponse(c, h.Gateway.ChatCompletions(call))
+		return writeResponse(c, h.Gateway.Serve(api, call))
 	}
 }
 

@@ -169,6 +169,12 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 	var routes []*gateway.Route
 	for _, m := range cfg.Models {
 		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames()))}
+		// Validation made every backend of a model serve the same APIs.
+		for _, name := range byName[m.BackendNames()[0]].APIs {
+			if api, ok := proxy.ParseAPI(name); ok {
+				r.APIs = r.APIs.With(api)
+			}
+		}
 		none := false
 		for _, n := range m.BackendNames() {
 			r.Backends = append(r.Backends, backends[n])

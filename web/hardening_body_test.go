@@ -468,7 +468,7 @@ func TestServerRefusalsOnV1(t *testing.T) {
 	}{
 		{"wrong method", "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e.Key, http.StatusMethodNotAllowed},
 		{"wrong method on models", "DELETE /v1/models HTTP/1.1\r\nHost: x", http.StatusMethodNotAllowed},
-		{"unknown path", "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2", http.StatusNotFound},
+		{"unknown path", "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Length: 2", http.StatusNotFound},
 		{"headers too large", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("b", 64<<10), http.StatusRequestHeaderFieldsTooLarge},
 	}
 	for _, c := range cases {

@@ -8,6 +8,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 
 	"moonji/handlers"
+	"moonji/internal/proxy"
 )
 
 // smallBodyLimit bounds the body of every request but a chat completion:
@@ -28,6 +29,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	}
 	v1 := app.Group("/v1")
 	v1.Post("/chat/completions", h.ChatCompletions(s.Config.MaxBodyBytes))
+	v1.Post("/completions", h.Inference(proxy.APICompletions, s.Config.MaxBodyBytes))
+	v1.Post("/embeddings", h.Inference(proxy.APIEmbeddings, s.Config.MaxBodyBytes))
+	v1.Post("/responses", h.Inference(proxy.APIResponses, s.Config.MaxBodyBytes))
 
 	app.Use(smallBodies(smallBodyLimit))
 	app.Get("/healthz", func(c *fiber.Ctx) error { return c.SendString("ok") })

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 
@@ -159,6 +160,11 @@ type Backend struct {
 	MaxQueue       int           `yaml:"max_queue"`
 	QueueTimeout   time.Duration `yaml:"queue_timeout"`
 	Timeout        time.Duration `yaml:"timeout"`
+	// APIs are the OpenAI APIs the engine serves: chat, responses,
+	// embeddings, completions (default [chat]; a builtin backend serves
+	// all four, an engine backend only chat). /v1/responses also works on
+	// a chat-only backend, translated.
+	APIs []string `yaml:"apis"`
 	// Weight scales the backend's share of its models' traffic (default 1),
 	// for uneven hardware: a backend of weight 2 takes twice the requests of
 	// one of weight 1 with the same max_concurrency.
@@ -220,6 +226,12 @@ func (m Model) BackendNames() []string {
 	}
 	return []string{m.Backend}
 }
+
+// knownAPIs are the values of a backend's apis.
+var knownAPIs = map[string]bool{"chat": true, "responses": true, "embeddings": true, "completions": true}
+
+// key names the i-th model in an error.
+func key(i int) string { return fmt.Sprintf("models[%d]", i) }
 
 // MaxBackendsPerModel bounds a model's backends list.
 const MaxBackendsPerModel = 64
@@ -392,6 +404,12 @@ func (c *Config) applyDefaults() {
 		if b.Weight == 0 {
 			b.Weight = 1
 		}
+		if len(b.APIs) == 0 {
+			b.APIs = []string{"chat"}
+			if b.Kind == KindBuiltin {
+				b.APIs = []string{"chat", "responses", "embeddings", "completions"}
+			}
+		}
 		if b.MaxQueue == 0 && !b.maxQueueSet {
 			b.MaxQueue = 32
 		}
@@ -533,12 +551,38 @@ func (c *Config) Validate() error {
 		if b.QueueTimeout < 0 {
 			bad(key+".queue_timeout", "must not be negative")
 		}
+		seenAPI := map[string]bool{}
+		for j, a := range b.APIs {
+			switch {
+			case !knownAPIs[a]:
+				bad(fmt.Sprintf("%s.apis[%d]", key, j), "unknown API %q (want chat, responses, embeddings or completions)", a)
+			case seenAPI[a]:
+				bad(fmt.Sprintf("%s.apis[%d]", key, j), "%q listed twice", a)
+			case b.Kind == KindEngine && a != "chat":
+				bad(fmt.Sprintf("%s.apis[%d]", key, j), "an engine backend carries chat only, got %q", a)
+			}
+			seenAPI[a] = true
+		}
 		if !(b.Weight > 0 && b.Weight <= 1000) {
 			bad(key+".weight", "must be above 0 and at most 1000, got %v", b.Weight)
 		}
 	}
+	apisOf := map[string]string{}
+	for _, b := range c.Backends {
+		sorted := append([]string(nil), b.APIs...)
+		sort.Strings(sorted)
+		apisOf[b.Name] = strings.Join(sorted, ",")
+	}
 	models := map[string]bool{}
 	for i, m := range c.Models {
+		if names := m.BackendNames(); len(names) > 1 {
+			for _, n := range names[1:] {
+				if backends[n] && backends[names[0]] && apisOf[n] != apisOf[names[0]] {
+					bad(key(i), "backends %q and %q serve different apis (%s / %s); a model's backends must serve the same", names[0], n, apisOf[names[0]], apisOf[n])
+					break
+				}
+			}
+		}
 		key := fmt.Sprintf("models[%d]", i)
 		switch {
 		case m.Name == "":

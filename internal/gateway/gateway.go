@@ -27,6 +27,7 @@ import (
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
+	"moonji/internal/responses"
 	"moonji/internal/stop"
 	"moonji/models"
 )
@@ -91,8 +92,29 @@ type Route struct {
 	UpstreamModel string
 	Backends      []*Backend
 	Pool          *admission.Pool
+	// APIs are the APIs the route's backends serve (default: chat).
+	APIs proxy.APISet
 	// Timeout bounds a request from its arrival to its end (0: none).
 	Timeout time.Duration
+}
+
+// serves reports whether the route's backends serve api.
+func (r *Route) serves(api proxy.API) bool {
+	if r.APIs == 0 {
+		return api == proxy.APIChat
+	}
+	return r.APIs.Has(api)
+}
+
+// apiList names the APIs the route serves, for an error message.
+func (r *Route) apiList() string {
+	var names []string
+	for _, n := range proxy.APINames() {
+		if a, _ := proxy.ParseAPI(n); r.serves(a) {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // backend returns the route's backend of that name.
@@ -317,8 +339,12 @@ func (g *Gateway) count(model, outcome string) {
 }
 
 // ChatCompletions serves one chat request from parsing to the final ledger row.
-func (g *Gateway) ChatCompletions(call Call) *Response {
-	req, err := proxy.ParseRequest(call.Body)
+func (g *Gateway) ChatCompletions(call Call) *Response { return g.Serve(proxy.APIChat, call) }
+
+// Serve serves one request to api from parsing to the final ledger row: every
+// API goes through the same admission, ledger, cancellation and Stop.
+func (g *Gateway) Serve(api proxy.API, call Call) *Response {
+	req, err := proxy.ParseFor(api, call.Body)
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
 	}
@@ -327,6 +353,14 @@ func (g *Gateway) ChatCompletions(call Call) *Response {
 		return g.reject(call, req.Model, http.StatusNotFound, "model_not_found", apiError{
 			message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
 			typ:     "invalid_request_error", code: "model_not_found", param: "model"}, nil)
+	}
+	// A Responses request to a model served by chat alone is translated.
+	translate := api == proxy.APIResponses && !route.serves(api) && route.serves(proxy.APIChat)
+	if !route.serves(api) && !translate {
+		return g.reject(call, req.Model, http.StatusNotFound, "api_not_supported", apiError{
+			message: fmt.Sprintf("The model `%s` is not served with the %s API (%s): its backends serve %s.",
+				req.Model, api, api.Endpoint(), route.apiList()),
+			typ: "invalid_request_error", code: "api_not_supported", param: "model"}, nil)
 	}
 
 	hdr := http.Header{}
@@ -337,12 +371,23 @@ func (g *Gateway) ChatCompletions(call Call) *Response {
 		}
 	}
 
-	body, err := proxy.RewriteBody(call.Body, req, route.UpstreamModel)
+	upBody, upReq := call.Body, req
+	if translate {
+		chat, _, err := responses.ToChat(call.Body)
+		if err != nil {
+			return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(refusal(err)), hdr)
+		}
+		if upReq, err = proxy.ParseRequest(chat); err != nil {
+			return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
+		}
+		upBody = chat
+	}
+	body, err := proxy.RewriteBody(upBody, upReq, route.UpstreamModel)
 	if err != nil {
 		return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
 	}
 
-	x := &exchange{g: g, call: call, req: req, route: route, hdr: hdr, tokens: tokens,
+	x := &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
 		row: g.row(call, req.Model, route.Pool.Name())}
 	return x.run(body)
 }
@@ -403,6 +448,12 @@ type exchange struct {
 	call  Call
 	req   proxy.Request
 	route *Route
+	// up is the API the engine is asked for: the client's own, or chat
+	// when a Responses request is translated (translate), tr then turning
+	// the chat stream into Responses events.
+	up        proxy.API
+	translate bool
+	tr        *responses.Stream
 	// backend is the backend of the slot the request holds.
 	backend *Backend
 	hdr     http.Header
@@ -462,7 +513,7 @@ func (x *exchange) run(body []byte) *Response {
 		if link := x.backend.Link; link != nil {
 			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
 		} else {
-			resp, err = g.client.ChatCompletions(x.ctx, x.backend.Upstream, body)
+			resp, err = g.client.Post(x.ctx, x.backend.Upstream, x.up, body)
 		}
 		if reason := x.failedBeforeAnswer(resp, err); reason != "" {
 			retried, refused := x.retry(reason, resp)
@@ -620,7 +671,7 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	}
 	if resp.StatusCode == http.StatusOK {
 		x.row.Outcome = models.OutcomeSuccess
-		if u, ok := usageOf(data); ok {
+		if u, ok := usageOf(x.up, data); ok {
 			x.row.PromptTokens, x.row.CompletionTokens = u.PromptTokens, u.CompletionTokens
 			x.row.UsageSource = models.UsageFromEngine
 		} else {
@@ -636,9 +687,19 @@ func (x *exchange) whole(resp *http.Response) *Response {
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
 	}
 	x.row.Status = resp.StatusCode
+	if x.translate && resp.StatusCode == http.StatusOK {
+		out, err := responses.FromChat(x.call.Body, data, x.answerID(), x.call.Start.Unix())
+		if err != nil {
+			x.g.log.Warn("backend answer could not be translated to a response", "backend", x.backendName(), "err", err, "inference_id", x.call.ID)
+			x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_unreadable", http.StatusBadGateway
+			x.finish()
+			return x.reply(http.StatusBadGateway, fmt.Sprintf("Backend %s answered with a chat completion that could not be read.", x.backendName()), "server_error", "upstream_unreadable")
+		}
+		data = out
+	}
 	x.finish()
 	ct := resp.Header.Get("Content-Type")
-	if ct == "" {
+	if ct == "" || x.translate {
 		ct = "application/json"
 	}
 	return &Response{Status: resp.StatusCode, ContentType: ct, Header: x.hdr, Body: data}
@@ -650,7 +711,9 @@ func (x *exchange) whole(resp *http.Response) *Response {
 // acknowledged only when nothing more can follow it.
 func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	opts := proxy.RelayOptions{
-		StripUsage: !x.req.ClientWantsUsage,
+		API: x.up,
+		// A Responses stream's usage is part of its last event.
+		StripUsage: !x.req.ClientWantsUsage && x.req.API != proxy.APIResponses,
 		OnContent: func(n int) {
 			if n == 1 {
 				x.firstTok = time.Now()
@@ -662,6 +725,11 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	}
 	if x.call.Conn != nil && x.g.stall > 0 {
 		opts.BeforeWrite = x.armWriteDeadline
+	}
+	if x.translate {
+		// The translation reads the chat stream's usage chunk itself.
+		x.tr = responses.NewStream(x.call.Body, x.answerID(), x.call.Start.Unix())
+		opts.Transform = x.tr.Frame
 	}
 	// 4 KiB holds several common frames; a stream keeps it while it is
 	// open (the relay reads larger frames in several fills).
@@ -722,6 +790,27 @@ func (x *exchange) clientErrCause() error {
 // closing decides the outcome of a relayed stream and returns the bytes
 // that end it for the client.
 func (x *exchange) closing(res *proxy.RelayResult) []byte {
+	out := x.closingFrames(res)
+	if x.tr == nil {
+		return out
+	}
+	// A translated stream: the outcome is decided as for chat, and the
+	// translation writes its own end.
+	switch {
+	case x.row.Outcome == models.OutcomeStopped:
+		x.tr.SetUsage(x.row.PromptTokens, x.row.CompletionTokens)
+		return x.tr.End(responses.Stopped)
+	case x.row.Outcome == models.OutcomeSuccess, x.row.Outcome == models.OutcomeCancelled,
+		res.ClientErr != nil, res.EngineError != "":
+		return nil // ended by the translation, or nobody left to tell
+	default:
+		return x.tr.End(x.row.Reason)
+	}
+}
+
+// closingFrames decides the outcome of a relayed stream and returns the
+// bytes that end it for the client.
+func (x *exchange) closingFrames(res *proxy.RelayResult) []byte {
 	x.row.Status = http.StatusOK
 	x.row.CompletionTokens = res.ContentChunks
 	x.row.UsageSource = models.UsageFromCounted
@@ -742,7 +831,7 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 		// The engine reported an error inside its 200 stream; the client's
 		// SDK raises it, so the request failed whatever came after.
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_stream_error"
-		if !res.Done && res.ClientErr == nil {
+		if !res.Done && res.ClientErr == nil && x.req.API != proxy.APIResponses {
 			return proxy.DoneFrame
 		}
 		return nil
@@ -760,16 +849,16 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 		if res.ClientErr != nil {
 			return nil
 		}
-		return proxy.ErrorFrame("The backend took too long to answer.", "upstream_error", "upstream_timeout")
+		return proxy.ErrorFrames(x.req.API, res.Seq+1, "The backend took too long to answer.", "upstream_error", "upstream_timeout")
 	case res.ClientErr != nil || errors.Is(cause, errClientLeft):
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
 		return nil
 	case errors.Is(res.UpstreamErr, proxy.ErrEngineDisconnected):
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "engine_disconnected"
-		return proxy.ErrorFrame("The engine's connection was lost before the stream was complete.", "upstream_error", "engine_disconnected")
+		return proxy.ErrorFrames(x.req.API, res.Seq+1, "The engine's connection was lost before the stream was complete.", "upstream_error", "engine_disconnected")
 	default:
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_disconnected"
-		return proxy.ErrorFrame("The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected")
+		return proxy.ErrorFrames(x.req.API, res.Seq+1, "The backend closed the stream before it was complete.", "upstream_error", "upstream_disconnected")
 	}
 }
 
@@ -783,18 +872,29 @@ func (x *exchange) stoppedEnding(res *proxy.RelayResult) []byte {
 	x.row.UsageSource = models.UsageFromCounted
 	id, model, created := res.ID, res.Model, res.Created
 	if id == "" {
-		id, created = "chatcmpl-"+x.call.ID, x.call.Start.Unix()
+		id, created = x.answerID(), x.call.Start.Unix()
 	}
 	if model == "" {
 		model = x.req.Model
 	}
-	b := proxy.FinishChunk(id, model, created, res.Unfinished(x.choices()))
-	if x.req.ClientWantsUsage {
+	wantUsage := x.req.ClientWantsUsage || x.req.API == proxy.APIResponses
+	if wantUsage {
 		x.estimatePrompt()
-		b = append(b, proxy.UsageChunk(id, model, created,
-			proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})...)
 	}
-	return append(b, proxy.DoneFrame...)
+	return proxy.StopFrames(x.req.API, res, id, model, created, res.Unfinished(x.choices()), wantUsage,
+		proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})
+}
+
+// answerID is the id of an answer the gateway writes itself, in the form
+// of the API's own ids.
+func (x *exchange) answerID() string {
+	switch x.req.API {
+	case proxy.APICompletions:
+		return "cmpl-" + x.call.ID
+	case proxy.APIResponses:
+		return "resp_" + x.call.ID
+	}
+	return "chatcmpl-" + x.call.ID
 }
 
 // choices is the number of choices the client asked for (n), 1 by default.
@@ -813,7 +913,7 @@ func (x *exchange) estimatePrompt() {
 	if !x.sent || x.row.PromptTokens > 0 || x.row.UsageSource == models.UsageFromEngine {
 		return
 	}
-	x.row.PromptTokens = proxy.EstimatePromptTokens(x.call.Body)
+	x.row.PromptTokens = proxy.EstimatePromptTokensFor(x.req.API, x.call.Body)
 	x.row.UsageSource = models.UsageEstimated
 }
 
@@ -891,24 +991,42 @@ func (x *exchange) upstreamFailed(err error) *Response {
 // anything: a stream gets a well-formed stream with one closing chunk, a
 // plain request an empty completion, so clients end normally.
 func (x *exchange) stoppedBeforeAnswer() *Response {
-	id, created := "chatcmpl-"+x.call.ID, x.call.Start.Unix()
+	id, created := x.answerID(), x.call.Start.Unix()
+	u := proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens}
 	if x.req.Stream {
-		b := proxy.FinishChunk(id, x.req.Model, created, (&proxy.RelayResult{}).Unfinished(x.choices()))
-		if x.req.ClientWantsUsage {
-			b = append(b, proxy.UsageChunk(id, x.req.Model, created,
-				proxy.Usage{PromptTokens: x.row.PromptTokens, CompletionTokens: x.row.CompletionTokens})...)
+		wantUsage := x.req.ClientWantsUsage || x.req.API == proxy.APIResponses
+		var b []byte
+		if x.req.API == proxy.APIResponses {
+			// The stream never began: it opens and closes at once.
+			b = proxy.ResponseCreated(id, x.req.Model, created)
+			b = append(b, proxy.StopFrames(x.req.API, &proxy.RelayResult{}, id, x.req.Model, created, nil, true, u)...)
+		} else {
+			b = proxy.StopFrames(x.req.API, &proxy.RelayResult{}, id, x.req.Model, created,
+				(&proxy.RelayResult{}).Unfinished(x.choices()), wantUsage, u)
 		}
-		b = append(b, proxy.DoneFrame...)
 		return &Response{Status: http.StatusOK, ContentType: "text/event-stream; charset=utf-8", Header: x.streamHeader(),
 			BodyStream: io.NopCloser(bytes.NewReader(b))}
 	}
-	// One empty choice for each of the n asked for: a client reads them by index.
-	choices := make([]string, x.choices())
-	for i := range choices {
-		choices[i] = `{"index":` + strconv.Itoa(i) + `,"message":{"role":"assistant","content":""},"finish_reason":"stop"}`
+	var body string
+	switch x.req.API {
+	case proxy.APIEmbeddings:
+		return x.reply(499, "The request was stopped before the engine answered.", "invalid_request_error", "stopped")
+	case proxy.APIResponses:
+		body = fmt.Sprintf(`{"id":%q,"object":"response","created_at":%d,"status":"incomplete","incomplete_details":{"reason":"stopped"},"error":null,"model":%q,"output":[],"usage":{"input_tokens":%d,"input_tokens_details":{"cached_tokens":0},"output_tokens":0,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}}`,
+			id, created, x.req.Model, u.PromptTokens, u.PromptTokens)
+	default:
+		// One empty choice for each of the n asked for: a client reads them by index.
+		object, empty := "chat.completion", `"message":{"role":"assistant","content":""}`
+		if x.req.API == proxy.APICompletions {
+			object, empty = "text_completion", `"text":"","logprobs":null`
+		}
+		choices := make([]string, x.choices())
+		for i := range choices {
+			choices[i] = `{"index":` + strconv.Itoa(i) + `,` + empty + `,"finish_reason":"stop"}`
+		}
+		body = fmt.Sprintf(`{"id":%q,"object":%q,"created":%d,"model":%q,"choices":[%s],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
+			id, object, created, x.req.Model, strings.Join(choices, ","), u.PromptTokens, u.PromptTokens)
 	}
-	body := fmt.Sprintf(`{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[%s],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
-		id, created, x.req.Model, strings.Join(choices, ","), x.row.PromptTokens, x.row.PromptTokens)
 	return &Response{Status: http.StatusOK, ContentType: "application/json", Header: x.hdr, Body: []byte(body)}
 }
 

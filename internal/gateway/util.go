@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/proxy"
+	"moonji/internal/responses"
 )
 
 var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
@@ -87,10 +88,23 @@ func errorResponse(status int, message, typ, code string, hdr http.Header) *Resp
 }
 
 // usageOf reads the usage object of a whole (non-streamed) completion.
-func usageOf(body []byte) (proxy.Usage, bool) {
+func usageOf(api proxy.API, body []byte) (proxy.Usage, bool) {
 	u := gjson.GetBytes(body, "usage")
 	if !u.IsObject() {
 		return proxy.Usage{}, false
 	}
+	if api == proxy.APIResponses {
+		return proxy.Usage{PromptTokens: int(u.Get("input_tokens").Int()), CompletionTokens: int(u.Get("output_tokens").Int())}, true
+	}
+	// Embeddings have prompt_tokens only.
 	return proxy.Usage{PromptTokens: int(u.Get("prompt_tokens").Int()), CompletionTokens: int(u.Get("completion_tokens").Int())}, true
+}
+
+// refusal makes a translation's refusal a client error naming its field.
+func refusal(err error) error {
+	var r *responses.Refusal
+	if errors.As(err, &r) {
+		return &proxy.BadRequestError{Message: r.Message, Param: r.Param}
+	}
+	return err
 }

@@ -15,7 +15,7 @@ import (
 // Outcomes, rejection reasons and stop results known in advance.
 var (
 	Outcomes         = []string{"success", "error", "cancelled", "stopped", "rejected"}
-	RejectionReasons = []string{"unauthorized", "auth_blocked", "invalid_request", "model_not_found", "rate_limited", "queue_full", "queue_timeout", "engine_unavailable"}
+	RejectionReasons = []string{"unauthorized", "auth_blocked", "invalid_request", "model_not_found", "rate_limited", "queue_full", "queue_timeout", "engine_unavailable", "api_not_supported"}
 	StopResults      = []string{"acked", "local", "timeout", "finished", "not_found", "unavailable"}
 )
 

@@ -14,8 +14,10 @@ import (
 	"moonji/internal/jsonguard"
 )
 
-// Request is what the gateway needs to know of a chat request.
+// Request is what the gateway needs to know of a request.
 type Request struct {
+	// API is the endpoint the request came to.
+	API   API
 	Model string
 	// Stream is true for "stream": true; null or missing means false.
 	Stream bool
@@ -120,7 +122,9 @@ func RewriteBody(body []byte, r Request, upstreamModel string) ([]byte, error) {
 			return nil, fmt.Errorf("set model: %w", err)
 		}
 	}
-	if !r.Stream || r.ClientWantsUsage {
+	// Only chat and completions streams carry usage on request; a
+	// Responses stream always ends with it.
+	if !r.Stream || r.ClientWantsUsage || (r.API != APIChat && r.API != APICompletions) {
 		return body, nil
 	}
 	if gjson.GetBytes(body, "stream_options").Type == gjson.JSON {

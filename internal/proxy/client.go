@@ -78,6 +78,11 @@ func (c *Client) ChatCompletions(ctx context.Context, up Upstream, body []byte) 
 	return c.do(ctx, up, http.MethodPost, "/chat/completions", body)
 }
 
+// Post posts body to the engine's endpoint of api.
+func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*http.Response, error) {
+	return c.do(ctx, up, http.MethodPost, api.Path(), body)
+}
+
 func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(up.BaseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {

@@ -22,6 +22,14 @@ type Usage struct {
 
 // RelayOptions steer one SSE relay.
 type RelayOptions struct {
+	// API is the stream's kind: chat and completions streams are chunks
+	// ending with [DONE]; a Responses stream is typed events ending with
+	// response.completed, response.incomplete or response.failed.
+	API API
+	// Transform, when set, replaces each frame with what it returns before
+	// the frame is handed out (nil or empty: nothing is handed out): the
+	// translation of a chat stream into Responses events.
+	Transform func(frame []byte) []byte
 	// StripUsage drops the usage-only chunk (choices: []) the gateway asked
 	// for on the client's behalf.
 	StripUsage bool
@@ -58,6 +66,9 @@ type RelayResult struct {
 	// the stream ({"error": …} or {"object": "error", …}); the stream is
 	// relayed as it is, but the request failed.
 	EngineError string
+	// Seq is the sequence_number of the last event of a Responses stream,
+	// for the events the gateway adds to close it.
+	Seq int64
 	// ID, Model and Created are taken from the first chunk so that the
 	// gateway can write a well-formed closing chunk of its own.
 	ID      string
@@ -205,7 +216,12 @@ func (s *Stream) next() {
 		return
 	}
 	opened, finished := s.res.choices, s.res.finished
-	kind := classify(s.frame, &s.res)
+	var kind frameKind
+	if s.opts.API == APIResponses {
+		kind = classifyEvent(s.frame, &s.res)
+	} else {
+		kind = classify(s.frame, &s.res)
+	}
 	if s.opts.Stopped != nil && s.opts.Stopped() {
 		// This frame never reaches the client: the choices it opens or
 		// finishes stay open for the closing chunk.
@@ -229,15 +245,25 @@ func (s *Stream) next() {
 			s.opts.OnContent(s.res.ContentChunks)
 		}
 	case frameDone:
-		s.res.Done = true
-		s.out = s.frame
+		// A Responses stream that ends in response.failed did not finish;
+		// a chat stream's [DONE] after an error frame did.
+		s.res.Done = s.opts.API != APIResponses || s.res.EngineError == ""
+		s.out = s.transform(s.frame)
 		s.phase = closing
 		if s.End != nil {
 			s.out = append(s.out, s.End(&s.res)...)
 		}
 		return
 	}
-	s.out = s.frame
+	s.out = s.transform(s.frame)
+}
+
+// transform is the frame as the client gets it.
+func (s *Stream) transform(frame []byte) []byte {
+	if s.opts.Transform == nil {
+		return frame
+	}
+	return s.opts.Transform(frame)
 }
 
 // end stops relaying and queues the closing bytes.
@@ -413,10 +439,70 @@ func classify(frame []byte, res *RelayResult) frameKind {
 			if delta.IsObject() && hasContent(delta) {
 				kind = frameContent
 			}
+			// A completions chunk carries its text beside the index.
+			if t := c.Get("text"); t.Type == gjson.String && len(t.Raw) > 2 {
+				kind = frameContent
+			}
 			return true
 		})
 	}
 	return kind
+}
+
+// classifyEvent looks at one event of a Responses stream: its type says
+// whether it carries content, ends the stream (with the usage of the
+// response it carries), or reports an error.
+func classifyEvent(frame []byte, res *RelayResult) frameKind {
+	payload := dataPayload(frame)
+	if len(payload) == 0 {
+		return frameOther
+	}
+	s := unsafe.String(&payload[0], len(payload))
+	var typ string
+	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "type":
+			typ = v.Str
+		case "sequence_number":
+			res.Seq = v.Int()
+		}
+		return true
+	})
+	switch typ {
+	case "response.output_text.delta", "response.function_call_arguments.delta", "response.refusal.delta",
+		"response.reasoning_text.delta", "response.reasoning_summary_text.delta":
+		return frameContent
+	case "response.created":
+		if res.ID == "" {
+			r := gjson.Get(s, "response")
+			res.ID = strings.Clone(r.Get("id").Str)
+			res.Model = strings.Clone(r.Get("model").Str)
+			res.Created = r.Get("created_at").Int()
+		}
+	case "response.completed", "response.incomplete", "response.failed":
+		u := gjson.Get(s, "response.usage")
+		if u.IsObject() {
+			res.HasUsage = true
+			res.Usage.PromptTokens = int(u.Get("input_tokens").Int())
+			res.Usage.CompletionTokens = int(u.Get("output_tokens").Int())
+		}
+		if typ == "response.failed" && res.EngineError == "" {
+			res.EngineError = strings.Clone(gjson.Get(s, "response.error.message").Str)
+			if res.EngineError == "" {
+				res.EngineError = "response.failed"
+			}
+		}
+		return frameDone
+	case "error":
+		if res.EngineError == "" {
+			res.EngineError = strings.Clone(gjson.Get(s, "message").Str)
+			if res.EngineError == "" {
+				res.EngineError = "error"
+			}
+		}
+		return frameError
+	}
+	return frameOther
 }
 
 func hasContent(delta gjson.Result) bool {
@@ -460,21 +546,7 @@ func dataPayload(frame []byte) []byte {
 // UsageChunk formats the closing usage chunk the gateway writes itself when
 // a stream ends early (a stop) and the client asked for usage.
 func UsageChunk(id, model string, created int64, u Usage) []byte {
-	b := make([]byte, 0, 256)
-	b = append(b, `data: {"id":`...)
-	b = appendJSONString(b, id)
-	b = append(b, `,"object":"chat.completion.chunk","created":`...)
-	b = strconv.AppendInt(b, created, 10)
-	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
-	b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
-	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
-	b = append(b, `,"total_tokens":`...)
-	b = strconv.AppendInt(b, int64(u.PromptTokens+u.CompletionTokens), 10)
-	b = append(b, `,"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
-	b = append(b, "}}\n\n"...)
-	return b
+	return usageChunk("chat.completion.chunk", id, model, created, u)
 }
 
 func appendJSONString(b []byte, s string) []byte {

@@ -1,0 +1,153 @@
+package proxy
+
+import "strconv"
+
+// The closing bytes the gateway writes itself when a stream ends early, for
+// each kind of stream: a stopped stream must still end the way its SDK
+// helpers expect, and a broken one with an error they raise.
+
+// StopFrames returns what closes a stream of api that a stop cut short:
+// every unfinished choice given a finish_reason, the usage when the client
+// asked for it (for a Responses stream, always), then the stream's end.
+// A Responses stream ends with response.incomplete: SDK helpers such as
+// openai-node's finalResponse() keep the text they assembled from the
+// deltas, and its usage says what was generated.
+func StopFrames(api API, res *RelayResult, id, model string, created int64, choices []OpenChoice, wantUsage bool, u Usage) []byte {
+	switch api {
+	case APIResponses:
+		return ResponseEnd(res.Seq+1, "response.incomplete", id, model, created, "stopped", u)
+	case APICompletions:
+		b := completionFinish(id, model, created, choices)
+		if wantUsage {
+			b = append(b, usageChunk("text_completion", id, model, created, u)...)
+		}
+		return append(b, DoneFrame...)
+	default:
+		b := FinishChunk(id, model, created, choices)
+		if wantUsage {
+			b = append(b, UsageChunk(id, model, created, u)...)
+		}
+		return append(b, DoneFrame...)
+	}
+}
+
+// ErrorFrames returns what ends a stream of api that broke after it began:
+// an error its SDK raises (and, for chat and completions, no [DONE]: the
+// stream did not complete).
+func ErrorFrames(api API, seq int64, message, typ, code string) []byte {
+	if api != APIResponses {
+		return ErrorFrame(message, typ, code)
+	}
+	b := make([]byte, 0, 160+len(message))
+	b = append(b, "event: error\ndata: {\"type\":\"error\",\"sequence_number\":"...)
+	b = strconv.AppendInt(b, seq, 10)
+	b = append(b, `,"code":`...)
+	b = appendJSONString(b, code)
+	b = append(b, `,"message":`...)
+	b = appendJSONString(b, message)
+	b = append(b, `,"param":null}`+"\n\n"...)
+	return b
+}
+
+// ResponseEnd formats a Responses stream's last event (typ
+// response.completed, response.incomplete or response.failed) with the
+// response's state. The output items are the ones the stream already
+// delivered; SDKs assemble them from the deltas, so the closing response
+// lists none.
+func ResponseEnd(seq int64, typ, id, model string, created int64, reason string, u Usage) []byte {
+	status := "completed"
+	switch typ {
+	case "response.incomplete":
+		status = "incomplete"
+	case "response.failed":
+		status = "failed"
+	}
+	b := make([]byte, 0, 512)
+	b = append(b, "event: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: {\"type\":"...)
+	b = appendJSONString(b, typ)
+	b = append(b, `,"sequence_number":`...)
+	b = strconv.AppendInt(b, seq, 10)
+	b = append(b, `,"response":{"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":"response","created_at":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, status)
+	b = append(b, `,"incomplete_details":`...)
+	if status == "incomplete" {
+		b = append(b, `{"reason":`...)
+		b = appendJSONString(b, reason)
+		b = append(b, '}')
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"error":null,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"output":[],"usage":{"input_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"input_tokens_details":{"cached_tokens":0},"output_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, `,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens+u.CompletionTokens), 10)
+	b = append(b, "}}}\n\n"...)
+	return b
+}
+
+// ResponseCreated formats the first event of a Responses stream the gateway
+// answers itself (a request stopped before the engine said anything).
+func ResponseCreated(id, model string, created int64) []byte {
+	b := make([]byte, 0, 256)
+	b = append(b, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":"...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":"response","created_at":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"status":"in_progress","incomplete_details":null,"error":null,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"output":[],"usage":null}}`+"\n\n"...)
+	return b
+}
+
+// completionFinish is FinishChunk for a completions stream.
+func completionFinish(id, model string, created int64, choices []OpenChoice) []byte {
+	b := make([]byte, 0, 160+80*len(choices))
+	b = append(b, `data: {"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":"text_completion","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"choices":[`...)
+	for i, c := range choices {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(c.Index), 10)
+		b = append(b, `,"text":"","logprobs":null,"finish_reason":"stop"}`...)
+	}
+	b = append(b, "]}\n\n"...)
+	return b
+}
+
+// usageChunk is UsageChunk for a stream of another object type.
+func usageChunk(object, id, model string, created int64, u Usage) []byte {
+	b := make([]byte, 0, 256)
+	b = append(b, `data: {"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":`...)
+	b = appendJSONString(b, object)
+	b = append(b, `,"created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens+u.CompletionTokens), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, "}}\n\n"...)
+	return b
+}
