@@ -49,7 +49,12 @@ type Usage struct {
 	Backend string `gorm:"size:200"`
 	// RetriedFrom is the backend that failed the request before its answer
 	// started, when it was retried on Backend; empty otherwise.
-	RetriedFrom      string `gorm:"size:200"`
+	RetriedFrom string `gorm:"size:200"`
+	// ResponseID is a Responses API request's response id (the engine's,
+	// or resp_ and the inference id for a translated one), so that GET,
+	// DELETE and cancel on /v1/responses/{id} find the request's owner and
+	// backend.
+	ResponseID       string `gorm:"size:100;index"`
 	Outcome          string `gorm:"size:16;index:idx_usage_outcome_created,priority:1"`
 	Status           int
 	Reason           string `gorm:"size:200"`
@@ -79,6 +84,7 @@ func (u *Usage) Sanitize() {
 	u.Model = Storable(u.Model, 200)
 	u.Backend = Storable(u.Backend, 200)
 	u.RetriedFrom = Storable(u.RetriedFrom, 200)
+	u.ResponseID = Storable(u.ResponseID, 100)
 	u.Outcome = Storable(u.Outcome, 16)
 	u.Reason = Storable(u.Reason, 200)
 	u.UsageSource = Storable(u.UsageSource, 16)
@@ -151,6 +157,20 @@ func UsageByID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("find usage %s: %w", id, err)
+	}
+	return &u, nil
+}
+
+// UsageByResponseID returns the row of the Responses request whose
+// response id is id.
+func UsageByResponseID(ctx context.Context, db *gorm.DB, id string) (*Usage, error) {
+	var u Usage
+	err := db.WithContext(ctx).Where("response_id = ?", id).Take(&u).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find usage of response %s: %w", id, err)
 	}
 	return &u, nil
 }

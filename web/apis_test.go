@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -418,4 +419,125 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	return ts.URL
+}
+
+// storingEngine is the mock engine plus what a storing engine (vLLM with
+// store: true) answers for GET and DELETE /v1/responses/{id}.
+type storingEngine struct {
+	*mockllm.Server
+	mu   sync.Mutex
+	seen []string // "GET resp_x", "DELETE resp_x"
+}
+
+func (s *storingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok && r.Method != http.MethodPost {
+		s.mu.Lock()
+		s.seen = append(s.seen, r.Method+" "+id)
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodDelete {
+			io.WriteString(w, `{"id":"`+id+`","object":"response","deleted":true}`)
+			return
+		}
+		io.WriteString(w, `{"id":"`+id+`","object":"response","status":"completed","stored":true}`)
+		return
+	}
+	s.Server.ServeHTTP(w, r)
+}
+
+// TestResponsesByID: cancel, retrieve and delete a response by its id,
+// for its owner only; translated responses can be cancelled, not retrieved.
+func TestResponsesByID(t *testing.T) {
+	mock := &storingEngine{Server: mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: quietLog()})}
+	ms := httptestServer(t, mock)
+	e := startWithConfig(t, &config.Config{
+		DatabaseURL: "sqlite://" + t.TempDir() + "/m.db",
+		RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
+		Backends: []config.Backend{
+			{Name: "full", URL: ms + "/v1", MaxConcurrency: 8, MaxQueue: 8, APIs: []string{"chat", "responses"}},
+			{Name: "chatonly", URL: ms + "/v1", MaxConcurrency: 8, MaxQueue: 8}},
+		Models: []config.Model{{Name: "m1", Backend: "full"}, {Name: "m2", Backend: "chatonly", UpstreamModel: "m1"}},
+	}, mock.Server, ms)
+	other := e.newKey("other@example.com", 0)
+	call := func(key, method, path string) (int, string) {
+		req, _ := http.NewRequest(method, e.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, readAll(t, resp.Body)
+	}
+
+	// A passed-through stream, cancelled by the engine's response id.
+	resp := e.postPath(context.Background(), "/v1/responses", `{"model":"m1","input":"go on","stream":true,"mock":{"tps":40,"tokens":2000}}`)
+	inf := resp.Header.Get("X-Inference-Id")
+	var respID, last string
+	deltas := 0
+	readEvents(resp.Body, func(f string) {
+		data := f[strings.Index(f, "data: ")+len("data: "):]
+		last = data
+		switch gjson.Get(data, "type").Str {
+		case "response.created":
+			respID = gjson.Get(data, "response.id").Str
+		case "response.output_text.delta":
+			if deltas++; deltas == 3 {
+				if st, body := call(other, http.MethodPost, "/v1/responses/"+respID+"/cancel"); st != http.StatusNotFound {
+					t.Errorf("someone else's cancel: %d %s", st, body)
+				}
+				if st, body := call(e.Key, http.MethodPost, "/v1/responses/"+respID+"/cancel"); st != http.StatusOK ||
+					gjson.Get(body, "inference_id").Str != inf {
+					t.Errorf("cancel by response id: %d %s", st, body)
+				}
+			}
+		}
+	})
+	resp.Body.Close()
+	if gjson.Get(last, "type").Str != "response.incomplete" {
+		t.Fatalf("the cancelled stream ends with %s", last)
+	}
+	row := e.final(inf)
+	if row.Outcome != models.OutcomeStopped || row.ResponseID != respID || respID == "" {
+		t.Fatalf("row %s response_id %q, want stopped %q", row.Outcome, row.ResponseID, respID)
+	}
+
+	// Retrieved and deleted at the engine that served it, by its owner.
+	if st, body := call(e.Key, http.MethodGet, "/v1/responses/"+respID); st != http.StatusOK || gjson.Get(body, "stored").Bool() != true {
+		t.Fatalf("GET: %d %s", st, body)
+	}
+	if st, body := call(e.Key, http.MethodDelete, "/v1/responses/"+respID); st != http.StatusOK || !gjson.Get(body, "deleted").Bool() {
+		t.Fatalf("DELETE: %d %s", st, body)
+	}
+	for _, c := range []struct{ key, id string }{
+		{other, respID},                // someone else's
+		{e.Key, "resp_unknown"},        // nobody's
+		{e.Key, "resp_x%2F..%2Fadmin"}, // not an id
+		{e.Key, strings.Repeat("r", 500)},
+	} {
+		if st, body := call(c.key, http.MethodGet, "/v1/responses/"+c.id); st != http.StatusNotFound || gjson.Get(body, "error.code").Str != "response_not_found" {
+			t.Fatalf("GET %q: %d %s", c.id[:min(len(c.id), 40)], st, body)
+		}
+	}
+	mock.mu.Lock()
+	seen := strings.Join(mock.seen, "; ")
+	mock.mu.Unlock()
+	if seen != "GET "+respID+"; DELETE "+respID {
+		t.Fatalf("the engine saw %q: only the owner's requests may reach it", seen)
+	}
+
+	// A translated response: cancelled by its id, but not stored.
+	resp = e.postPath(context.Background(), "/v1/responses", `{"model":"m2","input":"go on","stream":true}`)
+	inf = resp.Header.Get("X-Inference-Id")
+	readEvents(resp.Body, func(string) {})
+	resp.Body.Close()
+	if row := e.final(inf); row.ResponseID != "resp_"+inf {
+		t.Fatalf("translated row response_id %q", row.ResponseID)
+	}
+	if st, body := call(e.Key, http.MethodGet, "/v1/responses/resp_"+inf); st != http.StatusNotFound || !strings.Contains(body, "not stored") {
+		t.Fatalf("GET translated: %d %s", st, body)
+	}
+	if st, body := call(e.Key, http.MethodPost, "/v1/responses/resp_"+inf+"/cancel"); st != http.StatusOK || gjson.Get(body, "state").Str != "success" {
+		t.Fatalf("cancel of a finished translated response: %d %s", st, body)
+	}
 }

@@ -41,6 +41,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Get("/models", h.Models)
 	v1.Get("/models/*", h.Model)
 	v1.Post("/inferences/:id/cancel", h.CancelInference)
+	v1.Post("/responses/:id/cancel", h.CancelResponse)
+	v1.Get("/responses/:id", h.StoredResponse)
+	v1.Delete("/responses/:id", h.StoredResponse)
 
 	// The stop for people authenticates itself (session + CSRF header), so
 	// it does not depend on the /api group's middleware order.

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -141,6 +142,10 @@ type Gateway struct {
 	stall   time.Duration
 	log     *slog.Logger
 	sched   *admission.Scheduler
+	// running maps the engine's response id of a passed-through Responses
+	// stream to its inference id while it runs on this replica, so that
+	// POST /v1/responses/{id}/cancel finds it.
+	running sync.Map
 
 	// backends are the backends in configuration order, with the models
 	// each serves; fixed at New, so Backends reads them without a lock.
@@ -454,6 +459,10 @@ type exchange struct {
 	up        proxy.API
 	translate bool
 	tr        *responses.Stream
+	// relay is the stream's result while it is relayed; responseID the
+	// engine's response id registered in Gateway.running.
+	relay      *proxy.RelayResult
+	responseID string
 	// backend is the backend of the slot the request holds.
 	backend *Backend
 	hdr     http.Header
@@ -671,6 +680,12 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	}
 	if resp.StatusCode == http.StatusOK {
 		x.row.Outcome = models.OutcomeSuccess
+		if x.req.API == proxy.APIResponses {
+			x.row.ResponseID = gjson.GetBytes(data, "id").Str
+			if x.translate {
+				x.row.ResponseID = x.answerID()
+			}
+		}
 		if u, ok := usageOf(x.up, data); ok {
 			x.row.PromptTokens, x.row.CompletionTokens = u.PromptTokens, u.CompletionTokens
 			x.row.UsageSource = models.UsageFromEngine
@@ -717,6 +732,7 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 		OnContent: func(n int) {
 			if n == 1 {
 				x.firstTok = time.Now()
+				x.registerResponse()
 			}
 		},
 	}
@@ -734,6 +750,7 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	// 4 KiB holds several common frames; a stream keeps it while it is
 	// open (the relay reads larger frames in several fills).
 	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 4<<10), opts)
+	x.relay = s.Result()
 	decided := false
 	s.End = func(res *proxy.RelayResult) []byte {
 		decided = true
@@ -812,6 +829,12 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 // bytes that end it for the client.
 func (x *exchange) closingFrames(res *proxy.RelayResult) []byte {
 	x.row.Status = http.StatusOK
+	if x.req.API == proxy.APIResponses {
+		x.row.ResponseID = res.ID
+		if x.translate || res.ID == "" {
+			x.row.ResponseID = x.answerID()
+		}
+	}
 	x.row.CompletionTokens = res.ContentChunks
 	x.row.UsageSource = models.UsageFromCounted
 	if res.HasUsage {
@@ -1046,6 +1069,16 @@ func (x *exchange) reply(status int, message, typ, code string) *Response {
 	return errorResponse(status, message, typ, code, x.hdr)
 }
 
+// registerResponse lets POST /v1/responses/{id}/cancel find a passed-through
+// Responses stream by the engine's response id, once the engine said it.
+func (x *exchange) registerResponse() {
+	if x.req.API != proxy.APIResponses || x.translate || x.relay == nil || x.relay.ID == "" {
+		return
+	}
+	x.responseID = x.relay.ID
+	x.g.running.Store(x.responseID, x.call.ID)
+}
+
 // finish releases everything the request held and queues its final row.
 // It runs exactly once per admitted request.
 func (x *exchange) finish() {
@@ -1053,6 +1086,9 @@ func (x *exchange) finish() {
 		return
 	}
 	x.finished = true
+	if x.responseID != "" {
+		x.g.running.Delete(x.responseID)
+	}
 	end := time.Now()
 	x.watch.Stop()
 	if x.row.Outcome == models.OutcomeStopped || x.row.Outcome == models.OutcomeCancelled {

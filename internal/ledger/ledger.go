@@ -448,7 +448,7 @@ const sqliteStatementRows = 16
 
 // finalColumns are the columns a Finish sets on its pending row.
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
-	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend", "retried_from"}
+	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend", "retried_from", "response_id"}
 
 // upsertFinal finishes rows that are still pending, never a final one: a
 // row another replica closed as gateway_restart (it found this replica's
@@ -741,7 +741,7 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 		u := &p.updates[i]
 		res := tx.Model(&models.Usage{}).Where("inference_id = ? AND outcome = ?", u.InferenceID, models.OutcomePending).
 			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
-				"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend", "RetriedFrom").
+				"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend", "RetriedFrom", "ResponseID").
 			Updates(u)
 		if res.Error != nil {
 			return fmt.Errorf("finish usage row %s: %w", u.InferenceID, res.Error)

@@ -78,6 +78,12 @@ func (c *Client) ChatCompletions(ctx context.Context, up Upstream, body []byte) 
 	return c.do(ctx, up, http.MethodPost, "/chat/completions", body)
 }
 
+// Do sends a request without a body (GET, DELETE) to path under the
+// engine's base URL.
+func (c *Client) Do(ctx context.Context, up Upstream, method, path string) (*http.Response, error) {
+	return c.do(ctx, up, method, path, nil)
+}
+
 // Post posts body to the engine's endpoint of api.
 func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*http.Response, error) {
 	return c.do(ctx, up, http.MethodPost, api.Path(), body)
