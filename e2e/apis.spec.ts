@@ -2,6 +2,7 @@ import { test, expect } from '@playwright/test';
 import OpenAI from 'openai';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
+import { ChatOpenAI } from '@langchain/openai';
 import { baseURL } from '../playwright.config';
 import { createKey } from './helpers';
 
@@ -125,6 +126,24 @@ test.describe('the other OpenAI APIs', () => {
     for await (const part of s.textStream) streamed += part;
     expect(streamed.split(/\s+/).filter(Boolean).length).toBe(6);
     expect((await s.usage).outputTokens).toBe(6);
+  });
+
+  test("LangChain's ChatOpenAI({ useResponsesApi: true }) through the translation", async () => {
+    const llm = new ChatOpenAI({
+      model: 'moonji-engine', useResponsesApi: true, apiKey: key, maxTokens: 6, maxRetries: 0,
+      configuration: { baseURL: `${baseURL}/v1` },
+    });
+    const msg = await llm.invoke('Tell me a story');
+    const text = typeof msg.content === 'string' ? msg.content
+      : msg.content.map((p) => ('text' in p ? p.text : '')).join('');
+    expect(text.split(/\s+/).filter(Boolean).length).toBe(6);
+    expect(msg.usage_metadata?.output_tokens).toBe(6);
+    let streamed = '';
+    for await (const chunk of await llm.stream('Tell me a story')) {
+      streamed += typeof chunk.content === 'string' ? chunk.content
+        : chunk.content.map((p) => ('text' in p ? p.text : '')).join('');
+    }
+    expect(streamed.split(/\s+/).filter(Boolean).length).toBe(6);
   });
 
   test('embeddings.create (base64 by default) and as floats', async () => {
