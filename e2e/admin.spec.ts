@@ -195,6 +195,16 @@ test('the live view shows a backend’s queue while requests wait', async ({ pag
   await expect(row).toHaveAttribute('data-max-queue', '4');
 
   const key = createKey(adminEmail, `e2e-queue-${Date.now()}`);
+  // A request to the backend nobody listens on marks it down (passive
+  // health); the live view says so until a probe passes, which none does.
+  const down = page.locator('#backends tr[data-backend="down"]');
+  await fetch(v1, {
+    method: 'POST', headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify(ask('moonji-down')),
+  }).then((r) => r.arrayBuffer());
+  await expect(down).toHaveAttribute('data-up', 'false', { timeout: 6_000 });
+  await expect(down.getByText('down', { exact: true })).toBeVisible();
+  await expect(row).toHaveAttribute('data-up', 'true');
   const aborts: AbortController[] = [];
   const pending: Promise<unknown>[] = [];
   for (let i = 0; i < 3; i++) {
