@@ -541,3 +541,23 @@ func TestResponsesByID(t *testing.T) {
 		t.Fatalf("cancel of a finished translated response: %d %s", st, body)
 	}
 }
+
+// TestEmbeddingsReserveNoCompletion: a tokens-per-minute limit reserves an
+// embedding's input only (it has no completion), so a small limit still
+// admits small embeddings, where a chat request reserves its answer too.
+func TestEmbeddingsReserveNoCompletion(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", allAPIs, func(c *config.Config) { c.RateLimit.TokensPerMinute = 100 })
+	for i := range 3 {
+		resp := e.postPath(context.Background(), "/v1/embeddings", `{"model":"m1","input":"a short text"}`)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("embedding %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	resp := e.postPath(context.Background(), "/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a chat request without max_tokens reserves its default answer (512) against 100 tokens: got %d", resp.StatusCode)
+	}
+}

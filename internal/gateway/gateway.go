@@ -416,9 +416,12 @@ func (g *Gateway) admitRate(call Call, req proxy.Request, hdr http.Header, token
 	var td ratelimit.Decision
 	if rd.Allowed && lim.TokensPerMinute > 0 {
 		estimate := req.PromptBytes/4 + 1
-		if req.MaxTokens > 0 {
+		switch {
+		case req.API == proxy.APIEmbeddings:
+			// An embedding has no completion to reserve for.
+		case req.MaxTokens > 0:
 			estimate += req.MaxTokens
-		} else {
+		default:
 			estimate += defaultCompletionEstimate
 		}
 		var res *ratelimit.Reservation
