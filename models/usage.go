@@ -43,7 +43,9 @@ type Usage struct {
 	User       string `gorm:"size:320"`
 	KeyID      *uint  `gorm:"index"`
 	Source     string `gorm:"size:8"`
-	Model      string `gorm:"size:200"`
+	// API is the endpoint: chat, completions, embeddings or responses.
+	API   string `gorm:"size:16"`
+	Model string `gorm:"size:200"`
 	// Backend is the backend that served the request (for one refused
 	// while queued, the model's backends, comma-separated).
 	Backend string `gorm:"size:200"`
@@ -81,6 +83,7 @@ func (u *Usage) Sanitize() {
 	u.InferenceID = Storable(u.InferenceID, 40)
 	u.User = Storable(u.User, 320)
 	u.Source = Storable(u.Source, 8)
+	u.API = Storable(u.API, 16)
 	u.Model = Storable(u.Model, 200)
 	u.Backend = Storable(u.Backend, 200)
 	u.RetriedFrom = Storable(u.RetriedFrom, 200)

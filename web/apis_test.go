@@ -123,6 +123,9 @@ func TestEveryAPIWhole(t *testing.T) {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
 			row := e.final(resp.Header.Get("X-Inference-Id"))
+			if row.API != strings.TrimPrefix(c.path, "/v1/") {
+				t.Fatalf("row api %q for %s", row.API, c.path)
+			}
 			wantIn := gjson.Get(body, c.prompt).Int()
 			var wantOut int64
 			if c.completion != "" {
@@ -155,7 +158,7 @@ func TestAPINotServed(t *testing.T) {
 			t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
 		}
 		row := e.final(resp.Header.Get("X-Inference-Id"))
-		if row.Outcome != models.OutcomeRejected || row.Reason != "api_not_supported" || row.Model != "m1" {
+		if row.Outcome != models.OutcomeRejected || row.Reason != "api_not_supported" || row.Model != "m1" || row.API != api {
 			t.Fatalf("%s: row %+v", path, row)
 		}
 	}

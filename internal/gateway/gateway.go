@@ -251,8 +251,10 @@ func (g *Gateway) Backends() []BackendState {
 	return out
 }
 
-// Call is one request to /v1/chat/completions.
+// Call is one inference request.
 type Call struct {
+	// API is the endpoint it came to (chat unless set).
+	API       proxy.API
 	ID        string
 	Start     time.Time
 	Principal Principal
@@ -327,7 +329,7 @@ func (g *Gateway) row(call Call, model, backend string) models.Usage {
 	p := call.Principal
 	row := models.Usage{
 		InferenceID: call.ID, CreatedAt: call.Start.UTC(), User: p.Email, KeyID: p.KeyID,
-		Source: p.Source, Model: model, Backend: backend, Replica: g.replica,
+		Source: p.Source, Model: model, Backend: backend, Replica: g.replica, API: call.API.String(),
 	}
 	if p.UserID != 0 {
 		uid := p.UserID
@@ -349,6 +351,7 @@ func (g *Gateway) ChatCompletions(call Call) *Response { return g.Serve(proxy.AP
 // Serve serves one request to api from parsing to the final ledger row: every
 // API goes through the same admission, ledger, cancellation and Stop.
 func (g *Gateway) Serve(api proxy.API, call Call) *Response {
+	call.API = api
 	req, err := proxy.ParseFor(api, call.Body)
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)

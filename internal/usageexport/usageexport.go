@@ -37,7 +37,7 @@ func ContentType(format string) string {
 // depend on them: add, never rename.
 var Fields = []string{"inference_id", "created_at", "user", "key_id", "source", "model", "backend",
 	"outcome", "status", "reason", "prompt_tokens", "completion_tokens", "usage_source", "queue_ms",
-	"ttft_ms", "duration_ms", "retried_from"}
+	"ttft_ms", "duration_ms", "retried_from", "api"}
 
 // Row is one ledger row as exported. Pointers export as null (JSONL) or an
 // empty cell (CSV) when unknown.
@@ -61,6 +61,8 @@ type Row struct {
 	// RetriedFrom is the backend that failed the request before its answer
 	// started, when it was retried on Backend.
 	RetriedFrom string `json:"retried_from"`
+	// API is the endpoint: chat, completions, embeddings or responses.
+	API string `json:"api"`
 }
 
 // FromUsage is the exported form of a ledger row.
@@ -68,7 +70,7 @@ func FromUsage(u *models.Usage) Row {
 	return Row{InferenceID: u.InferenceID, CreatedAt: u.CreatedAt.UTC().Format(time.RFC3339Nano), User: u.User,
 		KeyID: u.KeyID, Source: u.Source, Model: u.Model, Backend: u.Backend, Outcome: u.Outcome, Status: u.Status,
 		Reason: u.Reason, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, UsageSource: u.UsageSource,
-		QueueMs: u.QueueMs, TTFTMs: u.TTFTMs, DurationMs: u.DurationMs, RetriedFrom: u.RetriedFrom}
+		QueueMs: u.QueueMs, TTFTMs: u.TTFTMs, DurationMs: u.DurationMs, RetriedFrom: u.RetriedFrom, API: u.API}
 }
 
 // CSV is the row's cells, in the order of Fields.
@@ -87,7 +89,7 @@ func (r Row) CSV() []string {
 	return []string{t(r.InferenceID), t(r.CreatedAt), t(r.User), key, t(r.Source), t(r.Model), t(r.Backend), t(r.Outcome),
 		strconv.Itoa(r.Status), t(r.Reason), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CompletionTokens),
 		t(r.UsageSource), strconv.FormatInt(r.QueueMs, 10), opt(r.TTFTMs), strconv.FormatInt(r.DurationMs, 10),
-		t(r.RetriedFrom)}
+		t(r.RetriedFrom), t(r.API)}
 }
 
 // CSVText makes a text cell safe to open in a spreadsheet. Some of the
