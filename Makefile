@@ -6,7 +6,7 @@ BIN     := bin/moonji
 # run, without it.
 RACE    := $(shell command -v gcc >/dev/null 2>&1 && echo -race)
 
-.PHONY: all build run test deps test-go test-e2e generate bench clean
+.PHONY: all build run test deps test-go test-e2e test-engine generate bench clean
 
 all: build
 
@@ -37,6 +37,12 @@ test-go:
 
 test-e2e: build node_modules/.installed
 	npx playwright test
+
+# The SDK e2e suite against a real engine: Ollama v0.17.4, built from the Go
+# module proxy once per machine (cached in /tmp/realengine), serving the tiny
+# model in ../shared/models/ (MOONJI_SHARED overrides ../shared).
+test-engine: deps build
+	scripts/test-engine.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/proxy/ ./internal/stop/ ./internal/admission/ ./internal/ratelimit/

@@ -8,6 +8,9 @@ export const baseURL = `http://127.0.0.1:${port}`;
 
 export default defineConfig({
   testDir: './e2e',
+  // e2e/engine-real/ needs a real engine: `make test-engine` runs it
+  // (playwright.engine.config.ts).
+  testIgnore: '**/engine-real/**',
   timeout: 30_000,
   fullyParallel: false,
   workers: 1,
