@@ -564,3 +564,86 @@ func TestEmbeddingsReserveNoCompletion(t *testing.T) {
 		t.Fatalf("a chat request without max_tokens reserves its default answer (512) against 100 tokens: got %d", resp.StatusCode)
 	}
 }
+
+// TestEveryAPIRelaysRecordedWholeAnswers: whole answers a real engine
+// wrote (Ollama 0.17.4) reach the client byte for byte, with their usage
+// in the row.
+func TestEveryAPIRelaysRecordedWholeAnswers(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", allAPIs)
+	for _, c := range []struct{ path, body, file, in, out string }{
+		{"/v1/embeddings", `{"model":"m1","input":["a","b"],"mock":{"replay":"embeddings.json"}}`, "embeddings.json", "usage.prompt_tokens", ""},
+		{"/v1/responses", `{"model":"m1","input":[{"role":"user","content":"Hi"}],"mock":{"replay":"responses_nonstream.json"}}`, "responses_nonstream.json", "usage.input_tokens", "usage.output_tokens"},
+		{"/v1/completions", `{"model":"m1","prompt":"Hi","mock":{"replay":"completions_nonstream.json"}}`, "completions_nonstream.json", "usage.prompt_tokens", "usage.completion_tokens"},
+	} {
+		t.Run(c.file, func(t *testing.T) {
+			resp := e.postPath(context.Background(), c.path, c.body)
+			got := readAll(t, resp.Body)
+			resp.Body.Close()
+			want := mustFixture(t, c.file)
+			if resp.StatusCode != http.StatusOK || got != want {
+				t.Fatalf("status %d, body differs from the recording:\n got %q\nwant %q", resp.StatusCode, tail(got), tail(want))
+			}
+			row := e.final(resp.Header.Get("X-Inference-Id"))
+			var out int64
+			if c.out != "" {
+				out = gjson.Get(want, c.out).Int()
+			}
+			if int64(row.PromptTokens) != gjson.Get(want, c.in).Int() || int64(row.CompletionTokens) != out || row.UsageSource != models.UsageFromEngine {
+				t.Fatalf("row tokens %d+%d (%s), recording %s", row.PromptTokens, row.CompletionTokens, row.UsageSource, gjson.Get(want, "usage").Raw)
+			}
+		})
+	}
+}
+
+// TestEveryAPIRefusedLikeChat: the rate limit (429 with Retry-After) and a
+// full backend (503) refuse every API the same way, each with its row.
+func TestEveryAPIRefusedLikeChat(t *testing.T) {
+	bodies := map[string]string{
+		"/v1/embeddings":  `{"model":"m1","input":"x","mock":{"ttft_ms":3000}}`,
+		"/v1/completions": `{"model":"m1","prompt":"x","mock":{"ttft_ms":3000}}`,
+		"/v1/responses":   `{"model":"m1","input":"x","mock":{"ttft_ms":3000}}`,
+	}
+	for path, body := range bodies {
+		t.Run(strings.TrimPrefix(path, "/v1/"), func(t *testing.T) {
+			e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", allAPIs, func(c *config.Config) {
+				c.Backends[0].MaxConcurrency, c.Backends[0].QueueTimeout = 1, 100*time.Millisecond
+			})
+			slow := make(chan struct{})
+			go func() {
+				defer close(slow)
+				resp := e.postPath(context.Background(), path, body)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}()
+			waitFor(t, "the first request to hold the slot", 5*time.Second, func() bool { return len(e.Mock.Requests()) == 1 })
+			resp := e.postPath(context.Background(), path, body)
+			got := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+				gjson.Get(got, "error.code").Str != "queue_timeout" {
+				t.Fatalf("backend full: %d %s", resp.StatusCode, got)
+			}
+			row := e.final(resp.Header.Get("X-Inference-Id"))
+			if row.Outcome != models.OutcomeRejected || row.Reason != "queue_timeout" || row.API != strings.TrimPrefix(path, "/v1/") {
+				t.Fatalf("row %s/%s api %s", row.Outcome, row.Reason, row.API)
+			}
+			<-slow
+
+			key := e.newKey("limited@example.com", 1)
+			e.Key = key
+			first := e.postPath(context.Background(), path, strings.Replace(body, `"ttft_ms":3000`, `"ttft_ms":0`, 1))
+			io.Copy(io.Discard, first.Body)
+			first.Body.Close()
+			resp = e.postPath(context.Background(), path, body)
+			got = readAll(t, resp.Body)
+			resp.Body.Close()
+			if first.StatusCode != http.StatusOK || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+				gjson.Get(got, "error.code").Str != "rate_limit_exceeded" {
+				t.Fatalf("rate limit: first %d, then %d %s", first.StatusCode, resp.StatusCode, got)
+			}
+			if row := e.final(resp.Header.Get("X-Inference-Id")); row.Reason != "rate_limited" {
+				t.Fatalf("row %s/%s", row.Outcome, row.Reason)
+			}
+		})
+	}
+}
