@@ -4,27 +4,12 @@ import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { baseURL } from '../playwright.config';
-import { createKey } from './helpers';
+import { createKey, recording } from './helpers';
 
 // The rest of the OpenAI surface through the gateway, with the official
 // openai SDK and the Vercel AI SDK: Responses (passed through to a backend
 // that serves it, and translated for one that serves only chat: the
 // `moonji engine` backend of moonji-engine), embeddings and completions.
-
-// recording returns a fetch that remembers the last X-Inference-Id seen and
-// adds extra fields (mock-engine knobs) to passthrough bodies.
-function recording(extra?: Record<string, unknown>) {
-  const seen: { id: string | null } = { id: null };
-  const f: typeof fetch = async (input, init) => {
-    if (extra && init && typeof init.body === 'string') {
-      init = { ...init, body: JSON.stringify({ ...JSON.parse(init.body), ...extra }) };
-    }
-    const r = await fetch(input, init);
-    seen.id = r.headers.get('x-inference-id');
-    return r;
-  };
-  return { seen, fetch: f };
-}
 
 // textOf is a response's text. openai-node 6.30's finalResponse() fills
 // output_text only for structured outputs, so the text is read from the

@@ -41,3 +41,19 @@ export function usageRow(inferenceID: string): Record<string, any> | undefined {
     { encoding: 'utf8', maxBuffer: 64 << 20 });
   return out.split('\n').filter(Boolean).map((l) => JSON.parse(l)).find((r) => r.inference_id === inferenceID);
 }
+
+// recording returns a fetch that remembers the last X-Inference-Id seen and,
+// with extra, adds fields to the JSON body (mock-engine knobs, for SDKs that
+// send only the fields they know).
+export function recording(extra?: Record<string, unknown>) {
+  const seen: { id: string | null } = { id: null };
+  const f: typeof fetch = async (input, init) => {
+    if (extra && init && typeof init.body === 'string') {
+      init = { ...init, body: JSON.stringify({ ...JSON.parse(init.body), ...extra }) };
+    }
+    const r = await fetch(input, init);
+    seen.id = r.headers.get('x-inference-id');
+    return r;
+  };
+  return { seen, fetch: f };
+}

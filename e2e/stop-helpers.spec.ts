@@ -3,29 +3,13 @@ import OpenAI from 'openai';
 import { createOpenAI } from '@ai-sdk/openai';
 import { streamText } from 'ai';
 import { baseURL } from '../playwright.config';
-import { createKey } from './helpers';
+import { createKey, recording } from './helpers';
 
 // A stopped stream must end as a complete one, so that the SDK helpers that
 // assemble a whole completion from it end cleanly: openai-node's
 // chat.completions.stream(...).finalChatCompletion() rejects a stream with
 // no finish_reason ("missing finish_reason for choice 0") or no chunk at all,
 // and the Vercel AI SDK's streamText reports an error part.
-
-// recording returns a fetch that remembers the last X-Inference-Id seen and,
-// with extra, adds fields to the JSON body (mock-engine knobs, for SDKs that
-// send only the fields they know).
-function recording(extra?: Record<string, unknown>) {
-  const seen: { id: string | null } = { id: null };
-  const f: typeof fetch = async (input, init) => {
-    if (extra && init && typeof init.body === 'string') {
-      init = { ...init, body: JSON.stringify({ ...JSON.parse(init.body), ...extra }) };
-    }
-    const r = await fetch(input, init);
-    seen.id = r.headers.get('x-inference-id');
-    return r;
-  };
-  return { seen, fetch: f };
-}
 
 async function cancel(key: string, id: string | null) {
   expect(id).toMatch(/^inf_/);

@@ -17,7 +17,7 @@ func StopFrames(api API, res *RelayResult, id, model string, created int64, choi
 	case APIResponses:
 		return ResponseEnd(res.Seq+1, "response.incomplete", id, model, created, "stopped", u)
 	case APICompletions:
-		b := completionFinish(id, model, created, choices)
+		b := finishChunk("text_completion", id, model, created, choices)
 		if wantUsage {
 			b = append(b, usageChunk("text_completion", id, model, created, u)...)
 		}
@@ -106,28 +106,6 @@ func ResponseCreated(id, model string, created int64) []byte {
 	b = append(b, `,"status":"in_progress","incomplete_details":null,"error":null,"model":`...)
 	b = appendJSONString(b, model)
 	b = append(b, `,"output":[],"usage":null}}`+"\n\n"...)
-	return b
-}
-
-// completionFinish is FinishChunk for a completions stream.
-func completionFinish(id, model string, created int64, choices []OpenChoice) []byte {
-	b := make([]byte, 0, 160+80*len(choices))
-	b = append(b, `data: {"id":`...)
-	b = appendJSONString(b, id)
-	b = append(b, `,"object":"text_completion","created":`...)
-	b = strconv.AppendInt(b, created, 10)
-	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
-	b = append(b, `,"choices":[`...)
-	for i, c := range choices {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"index":`...)
-		b = strconv.AppendInt(b, int64(c.Index), 10)
-		b = append(b, `,"text":"","logprobs":null,"finish_reason":"stop"}`...)
-	}
-	b = append(b, "]}\n\n"...)
 	return b
 }
 

@@ -560,10 +560,18 @@ func appendJSONString(b []byte, s string) []byte {
 // the whole completion end cleanly. A fresh choice's delta carries the
 // assistant role too, as its first chunk must.
 func FinishChunk(id, model string, created int64, choices []OpenChoice) []byte {
+	return finishChunk("chat.completion.chunk", id, model, created, choices)
+}
+
+// finishChunk formats a closing chunk of a chat stream, or of a completions
+// stream (object text_completion, whose choices carry text, not a delta).
+func finishChunk(object, id, model string, created int64, choices []OpenChoice) []byte {
 	b := make([]byte, 0, 160+80*len(choices))
 	b = append(b, `data: {"id":`...)
 	b = appendJSONString(b, id)
-	b = append(b, `,"object":"chat.completion.chunk","created":`...)
+	b = append(b, `,"object":`...)
+	b = appendJSONString(b, object)
+	b = append(b, `,"created":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"model":`...)
 	b = appendJSONString(b, model)
@@ -574,9 +582,12 @@ func FinishChunk(id, model string, created int64, choices []OpenChoice) []byte {
 		}
 		b = append(b, `{"index":`...)
 		b = strconv.AppendInt(b, int64(c.Index), 10)
-		if c.Fresh {
+		switch {
+		case object == "text_completion":
+			b = append(b, `,"text":""`...)
+		case c.Fresh:
 			b = append(b, `,"delta":{"role":"assistant","content":""}`...)
-		} else {
+		default:
 			b = append(b, `,"delta":{}`...)
 		}
 		b = append(b, `,"logprobs":null,"finish_reason":"stop"}`...)
