@@ -6,7 +6,7 @@
 # - Ollama is built from the Go module proxy by the shared build script
 #   (../shared/realengine/build-ollama.sh), once per machine: it is cached
 #   under $MOONJI_REALENGINE_OUT (default /tmp/realengine) and later runs
-#   reuse it. The first build takes ~3-4 minutes on 2 cores.
+#   reuse it. The first build takes several minutes (measured: ~10 on 2 cores).
 # - The shared tree (build script, model) is ../shared from the repository
 #   root, or $MOONJI_SHARED (a clone elsewhere, e.g. CI's, sets
 #   MOONJI_SHARED=/work/shared).
@@ -49,7 +49,7 @@ out=${MOONJI_REALENGINE_OUT:-/tmp/realengine}
 mkdir -p "$out"
 ollama=$out/bin/ollama
 if [ ! -x "$ollama" ]; then
-  echo "test-engine: building Ollama v0.17.4 into $out (once per machine, ~3-4 minutes)..." >&2
+  echo "test-engine: building Ollama v0.17.4 into $out (once per machine: several minutes, ~10 on 2 cores)..." >&2
   start=$SECONDS
 fi
 (
@@ -76,9 +76,10 @@ freeport() {
 #    group, so that the trap stops its model runners with it.
 #
 #    OLLAMA_NUM_PARALLEL: Ollama 0.17.4 leaks a request slot now and then
-#    when a client disconnects mid-stream (ollama/ollama#17131: its chat
-#    handler's goroutine blocks forever on an unbuffered channel send once
-#    gin has stopped reading, holding the slot). Measured here without
+#    when a client disconnects mid-stream (in v0.17.4's server/routes.go the
+#    handlers send each chunk on an unbuffered channel that streamResponse
+#    stops reading when the client is gone, so the sending goroutine can
+#    block with the slot held). Measured here without
 #    Moonji: about one disconnect in 30-70. With the default single slot,
 #    every later request then hangs until its client gives up. The abort and
 #    Stop tests disconnect on purpose (that is Moonji cancelling the engine's
