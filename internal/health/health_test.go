@@ -630,7 +630,10 @@ func TestHTTPProbe(t *testing.T) {
 func TestProbeTimeout(t *testing.T) {
 	srv := hangingServer(t)
 	c, _ := newChecker(t, Options{
-		Backoff: 5 * time.Millisecond, MaxBackoff: time.Minute, ProbeTimeout: 50 * time.Millisecond,
+		// The back-off is long enough that the next probe is still ahead
+		// when the test looks, even on a loaded machine (at 5 ms, a busy CI
+		// machine looked after it was due).
+		Backoff: 200 * time.Millisecond, MaxBackoff: time.Minute, ProbeTimeout: 50 * time.Millisecond,
 		Probe: HTTPProbe(srv.Client(), srv.URL+"/v1", "sk-secret"),
 	})
 	c.Failed("status 503")
@@ -639,8 +642,9 @@ func TestProbeTimeout(t *testing.T) {
 	if s.Up || !strings.Contains(s.ProbeError, "deadline exceeded") || strings.Contains(s.ProbeError, "sk-secret") {
 		t.Errorf("state after a timed-out probe %+v", s)
 	}
-	if wait := time.Until(s.NextProbe); wait < time.Millisecond || wait > 11*time.Millisecond {
-		t.Errorf("next probe in %v, want about 10ms", wait)
+	// Doubled to 400 ms, ±10 % jitter, less the time the test took to look.
+	if wait := time.Until(s.NextProbe); wait < 150*time.Millisecond || wait > 440*time.Millisecond {
+		t.Errorf("next probe in %v, want about 400ms", wait)
 	}
 }
 
