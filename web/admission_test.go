@@ -70,6 +70,30 @@ func startOrder(m *mockllm.Server) []int {
 	return order
 }
 
+// inOrderButNeighbours tells whether got is want with at most some
+// neighbours swapped. Slots are granted in arrival order, but two requests
+// granted 30 ms apart can still reach the engine in the other order when
+// the machine stalls one goroutine (seen under the race detector with
+// other packages' tests running); any other change of order is a bug.
+func inOrderButNeighbours(got, want []int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	got = slices.Clone(got)
+	for i := 0; i < len(got); i++ {
+		if got[i] == want[i] {
+			continue
+		}
+		if i+1 < len(got) && got[i] == want[i+1] && got[i+1] == want[i] {
+			got[i], got[i+1] = got[i+1], got[i]
+			i++
+			continue
+		}
+		return false
+	}
+	return true
+}
+
 func TestQueueSixtyConcurrentAtSixteenThirtyTwo(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", limits(16, 32, 30*time.Second))
 	var peak int
@@ -111,7 +135,7 @@ func TestQueueSixtyConcurrentAtSixteenThirtyTwo(t *testing.T) {
 		t.Errorf("at most %d requests ran at once, want exactly 16", peak)
 	}
 	order := startOrder(e.Mock)
-	if want := seq(48); !slices.Equal(order, want) {
+	if want := seq(48); !inOrderButNeighbours(order, want) {
 		t.Errorf("the engine saw requests in order %v, want arrival order %v", order, want)
 	}
 	counts := outcomes(t, e, res)
@@ -278,4 +302,24 @@ func peekInFlight(e *testEnv, peak *int) (stop func()) {
 		}
 	}()
 	return func() { close(done); <-finished }
+}
+
+func TestInOrderButNeighbours(t *testing.T) {
+	want := []int{0, 1, 2, 3, 4}
+	for _, c := range []struct {
+		got []int
+		ok  bool
+	}{
+		{[]int{0, 1, 2, 3, 4}, true},
+		{[]int{1, 0, 2, 4, 3}, true},
+		{[]int{0, 2, 1, 3, 4}, true},
+		{[]int{2, 1, 0, 3, 4}, false}, // a jump of two
+		{[]int{1, 2, 0, 3, 4}, false},
+		{[]int{4, 3, 2, 1, 0}, false},
+		{[]int{0, 1, 2, 3}, false},
+	} {
+		if got := inOrderButNeighbours(c.got, want); got != c.ok {
+			t.Errorf("inOrderButNeighbours(%v) = %v, want %v", c.got, got, c.ok)
+		}
+	}
 }

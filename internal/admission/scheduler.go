@@ -82,13 +82,15 @@ type Config struct {
 }
 
 // Timing of the shared path. sharedCallTimeout bounds one call to the
-// shared store, so that a store that hangs costs a request at most that
-// before the per-replica share takes over. pollEvery is how often a replica
+// shared store (and the ping that confirms a failure), so that a store that
+// hangs costs a request at most twice that before the per-replica share
+// takes over; it is long enough that a loaded machine's pauses are not
+// taken for an outage. pollEvery is how often a replica
 // with waiting requests asks again without being told that a slot was freed:
 // a notification can be lost, and a dead replica's leases expire without
 // one. recoverEvery is how often a degraded scheduler checks the store.
 const (
-	sharedCallTimeout = 500 * time.Millisecond
+	sharedCallTimeout = time.Second
 	pollEvery         = 200 * time.Millisecond
 	recoverEvery      = time.Second
 )
@@ -110,6 +112,13 @@ type Scheduler struct {
 	shared     Shared
 	onDegraded func(bool)
 	degraded   bool
+	// draining is set while degraded once the store answers again but
+	// slots handed out without a lease (unleased, over every backend) are
+	// still held: no more are handed out, and the shared limit resumes
+	// when the last is released, so that the store never grants the whole
+	// limit on top of them.
+	draining   bool
+	unleased   int
 	checkedAt  time.Time // when the degraded store was last asked
 	kick       chan struct{}
 	done       chan struct{}
@@ -127,6 +136,11 @@ type backend struct {
 	weight   float64
 	up       func() bool
 	inFlight int
+	// unleased counts the slots of inFlight handed out by this replica
+	// alone while the shared limit was unreachable: they hold no lease, so
+	// the store cannot count them, and the shared limit resumes only once
+	// they are gone.
+	unleased int
 	pools    []*Pool
 }
 
@@ -343,6 +357,7 @@ func (p *Pool) Acquire(ctx context.Context, o AcquireOptions) (*Slot, error) {
 		if p.head == nil && s.localLocked() {
 			if b := p.pickLocked(exclude); b != nil {
 				b.inFlight++
+				s.unleasedLocked(b, false)
 				s.changedLocked(b)
 				s.mu.Unlock()
 				return &Slot{p: p, b: b, acquired: now}, nil
@@ -452,6 +467,13 @@ func (sl *Slot) release(sample bool) {
 		p.sampleLocked(held)
 	}
 	sl.b.inFlight--
+	if s.shared != nil && !sl.leased {
+		sl.b.unleased--
+		s.unleased--
+		if s.draining && s.unleased == 0 {
+			s.resumeSharedLocked()
+		}
+	}
 	local := s.localLocked()
 	// A slot handed straight on reports its backend's counts once, as they
 	// are after the handover: a gauge never shows the slot free meanwhile.
@@ -467,6 +489,15 @@ func (sl *Slot) release(sample bool) {
 	}
 }
 
+// unleasedLocked counts a slot just handed out on b that holds no lease
+// although there is a shared limit.
+func (s *Scheduler) unleasedLocked(b *backend, leased bool) {
+	if s.shared != nil && !leased {
+		b.unleased++
+		s.unleased++
+	}
+}
+
 // localLocked tells whether slots are handed out by this replica alone:
 // without a shared limit, or while it is unreachable.
 func (s *Scheduler) localLocked() bool { return s.shared == nil || s.degraded }
@@ -477,6 +508,9 @@ func (s *Scheduler) localLocked() bool { return s.shared == nil || s.degraded }
 func (s *Scheduler) capLocked(b *backend) int {
 	if !s.degraded {
 		return b.max
+	}
+	if s.draining {
+		return 0
 	}
 	return max(1, b.max/max(1, s.shared.LiveReplicas()))
 }
@@ -586,6 +620,7 @@ func (s *Scheduler) dispatchBackendLocked(b *backend) int {
 func (s *Scheduler) grantLocked(p *Pool, w *waiter, b *backend) {
 	p.removeLocked(w)
 	b.inFlight++
+	s.unleasedLocked(b, w.leased)
 	w.granted, w.b = true, b
 	close(w.ready)
 	for _, pb := range p.backends {

@@ -316,6 +316,7 @@ type fakeShared struct {
 	held    map[string]int
 	max     map[string]int
 	down    atomic.Bool
+	slow    atomic.Bool // calls fail but Ping answers: a slow store, not a dead one
 	calls   atomic.Int64
 	live    int
 	next    int
@@ -324,7 +325,7 @@ type fakeShared struct {
 
 func (f *fakeShared) Acquire(_ context.Context, req lease.Request) (int, lease.Lease, error) {
 	f.calls.Add(1)
-	if f.down.Load() {
+	if f.down.Load() || f.slow.Load() {
 		return -1, lease.Lease{}, errors.New("fake store down")
 	}
 	f.mu.Lock()
@@ -489,6 +490,109 @@ func TestSharedLimitFallsBackToShare(t *testing.T) {
 	sl := acquire(t, p, AcquireOptions{})
 	if !sl.leased {
 		t.Fatal("after recovery the slot should come from the store")
+	}
+	sl.Release()
+}
+
+// TestSharedLimitResumesAfterUnleasedSlotsEnd: slots handed out while the
+// store was unreachable hold no lease. When the store answers again, the
+// replica hands out nothing more until they end, and only then takes
+// slots from the store: otherwise the store would grant the whole limit on
+// top of them (the engine saw 23 requests at once under a limit of 16).
+func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
+	// Two live replicas: this one's share is 2 of the 4 slots.
+	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 2}
+	var degraded atomic.Bool
+	s := newSched(t, Config{
+		Backends:   []BackendSpec{{Name: "a", MaxConcurrency: 4}},
+		Pools:      []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 8}},
+		Shared:     f,
+		OnDegraded: degraded.Store,
+	})
+	p := s.Pool("a")
+	f.down.Store(true)
+	var unleased []*Slot
+	for range 2 {
+		sl := acquire(t, p, AcquireOptions{})
+		if sl.leased {
+			t.Fatal("a slot leased from a store that is down")
+		}
+		unleased = append(unleased, sl)
+	}
+	if !s.Degraded() {
+		t.Fatal("not degraded with the store down")
+	}
+	// The store is back, and another replica that never lost it holds 2
+	// of the 4 slots: with these 2 unleased, the backend is full.
+	f.mu.Lock()
+	f.held["a"] = 2
+	f.mu.Unlock()
+	f.down.Store(false)
+	got := make(chan *Slot, 2)
+	for range 2 {
+		go func() {
+			sl, err := p.Acquire(context.Background(), AcquireOptions{})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- sl
+		}()
+	}
+	select {
+	case <-got:
+		t.Fatal("a slot was handed out on top of the unleased ones: 5 of 4 in use")
+	case <-time.After(2*recoverEvery + 500*time.Millisecond):
+	}
+	if !s.Degraded() {
+		t.Fatal("left the per-replica share while unleased slots were held")
+	}
+	unleased[0].Release()
+	select {
+	case <-got:
+		t.Fatal("served while an unleased slot is still held")
+	case <-time.After(300 * time.Millisecond):
+	}
+	unleased[1].Release()
+	for range 2 {
+		select {
+		case sl := <-got:
+			if !sl.leased {
+				t.Fatal("after resuming, the slot should come from the store")
+			}
+			defer sl.Release()
+		case <-time.After(3 * time.Second):
+			t.Fatal("the waiters were not served once the unleased slots ended")
+		}
+	}
+	if s.Degraded() || degraded.Load() {
+		t.Fatal("still degraded after the unleased slots ended")
+	}
+}
+
+// TestSharedLimitSlowStoreKeepsLimit: a failed call to a store that still
+// answers a ping (a pause, not an outage) does not switch to the
+// per-replica share, whose slots would hold no lease.
+func TestSharedLimitSlowStoreKeepsLimit(t *testing.T) {
+	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 3}
+	s := newSched(t, Config{
+		Backends: []BackendSpec{{Name: "a", MaxConcurrency: 16}},
+		Pools:    []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 8, QueueTimeout: 300 * time.Millisecond}},
+		Shared:   f,
+	})
+	p := s.Pool("a")
+	f.slow.Store(true)
+	_, err := p.Acquire(context.Background(), AcquireOptions{})
+	var rej *Rejected
+	if !errors.As(err, &rej) || rej.Reason != ReasonQueueTimeout {
+		t.Fatalf("got %v, want a queue timeout while the store's calls fail", err)
+	}
+	if s.Degraded() {
+		t.Fatal("degraded although the store answers a ping")
+	}
+	f.slow.Store(false)
+	sl := acquire(t, p, AcquireOptions{})
+	if !sl.leased {
+		t.Fatal("slot not leased")
 	}
 	sl.Release()
 }

@@ -219,15 +219,26 @@ func (s *Scheduler) pumpPool(p *Pool) bool {
 	}
 }
 
-// sharedFailed switches to the per-replica share when the store fails:
-// never unlimited, and the requests already waiting are served from it.
+// sharedFailed is called when a call to the store failed. A failure may
+// only be slowness (a loaded machine, a long pause): the per-replica share
+// is taken only when a ping fails too, because slots handed out from it
+// hold no lease, and other replicas that still reach the store would fill
+// the whole limit on top of them.
 func (s *Scheduler) sharedFailed(err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+	perr := s.shared.Ping(ctx)
+	cancel()
+	if perr == nil {
+		s.log.Warn("shared concurrency limit: a call failed but the store answers; keeping the shared limit", "err", err)
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.degraded {
 		return
 	}
 	s.degraded = true
+	s.draining = false
 	s.checkedAt = time.Now()
 	s.log.Warn("shared concurrency limit unreachable: each backend's limit is now shared out per replica",
 		"live_replicas", max(1, s.shared.LiveReplicas()), "err", err)
@@ -239,7 +250,9 @@ func (s *Scheduler) sharedFailed(err error) {
 	}
 }
 
-// tryRecover leaves the per-replica share once the store answers again.
+// tryRecover goes back to the shared limit once the store answers again:
+// at once when no slot handed out without a lease is held, else after the
+// last is released (draining; meanwhile nothing more is handed out here).
 func (s *Scheduler) tryRecover() {
 	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
 	err := s.shared.Ping(ctx)
@@ -248,13 +261,25 @@ func (s *Scheduler) tryRecover() {
 		return
 	}
 	s.mu.Lock()
-	if s.degraded {
-		s.degraded = false
-		s.log.Info("shared concurrency limit reachable again: limits hold across replicas")
-		if s.onDegraded != nil {
-			s.onDegraded(false)
+	if s.degraded && !s.draining {
+		if s.unleased == 0 {
+			s.resumeSharedLocked()
+		} else {
+			s.draining = true
+			s.log.Info("shared concurrency limit reachable again: resuming once the slots handed out meanwhile end",
+				"slots", s.unleased)
 		}
 	}
 	s.mu.Unlock()
+}
+
+// resumeSharedLocked leaves the per-replica share; the pump serves the
+// requests that wait.
+func (s *Scheduler) resumeSharedLocked() {
+	s.degraded, s.draining = false, false
+	s.log.Info("shared concurrency limit reachable again: limits hold across replicas")
+	if s.onDegraded != nil {
+		s.onDegraded(false)
+	}
 	s.poke()
 }
