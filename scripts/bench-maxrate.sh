@@ -13,7 +13,8 @@ VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
 PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 REDIS=${REDIS:-redis://127.0.0.1:6379/0}
-make -s build
+BIN=${MOONJI_BIN:-bin/moonji}   # MOONJI_BIN: another build, e.g. the commit before a change
+[ -n "${MOONJI_BIN:-}" ] || make -s build
 dir=$(mktemp -d)
 (cd "$BENCH/mockup" && go build -o "$dir/mockup" main.go)
 port=18091
@@ -33,11 +34,13 @@ models: [{name: gpt-4o-mini, backend: mock}]
 YAML
 taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
 mock=$!
-env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 bin/moonji serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
+env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
 server=$!
-trap 'kill $server $mock 2>/dev/null; [ -n "$schema" ] && psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $schema CASCADE" >/dev/null; rm -rf "$dir"' EXIT
+# Wait for both to exit: an overloaded gateway drains its backlog while it
+# shuts down, and the next run's gateway would share its core meanwhile.
+trap 'kill $server $mock 2>/dev/null; wait $server $mock 2>/dev/null; [ -n "$schema" ] && psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $schema CASCADE" >/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
-key=$(bin/moonji keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+key=$("$BIN" keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}' >"$dir/body.json"
 printf 'POST http://127.0.0.1:%s/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$port" "$key" "$dir/body.json" >"$dir/targets"
 taskset -c 0 "$VEGETA" attack -rate 1000 -duration 5s -targets "$dir/targets" >/dev/null # warm-up

@@ -196,6 +196,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		}
 	})
 	s.Ledger = ledger.New(db, log)
+	if db.Dialector.Name() == "sqlite" {
+		spareProc()
+	}
 	s.Ledger.UseJournal(j, pendingAfter)
 	s.closers = append(s.closers, s.Ledger.Close)
 	s.keys = apikey.NewStore(db, log, 30*time.Second)

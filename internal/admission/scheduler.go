@@ -117,11 +117,11 @@ type Scheduler struct {
 	// still held: no more are handed out, and the shared limit resumes
 	// when the last is released, so that the store never grants the whole
 	// limit on top of them.
-	draining   bool
-	unleased   int
-	checkedAt  time.Time // when the degraded store was last asked
-	kick       chan struct{}
-	done       chan struct{}
+	draining  bool
+	unleased  int
+	checkedAt time.Time // when the degraded store was last asked
+	kick      chan struct{}
+	done      chan struct{}
 	// releases carries leases to give back to the store, off the request's
 	// path: a request's answer need not wait for Redis to hear of its end.
 	releases chan lease.Lease

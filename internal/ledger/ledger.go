@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -58,12 +59,16 @@ type Ledger struct {
 	closed   bool
 	stopCkpt chan struct{}
 	kickCkpt chan struct{} // SQLite only: asks for a checkpoint
-	commits  int
+	// commits, on SQLite, hands batches to the goroutine that writes them
+	// on a thread of low priority (committer); nil elsewhere.
+	commits  chan batchWrite
+	written  chan struct{}
+	nCommits int
 	onWrite  func(rows int, took time.Duration, err error)
 	// The most rows one statement writes, and whether the writer pauses
 	// between the statements of a batch (SQLite: see sqliteStatementRows).
 	maxRows int
-	pauses  bool
+	pauses  atomic.Bool
 
 	// With a journal, a Begin is journaled and its pending row deferred.
 	journal      Journal
@@ -83,7 +88,11 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
 		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}, maxRows: chunkSizes[0]}
 	if db.Dialector.Name() == "sqlite" {
-		l.maxRows, l.pauses = sqliteStatementRows, true
+		l.maxRows = sqliteStatementRows
+		l.pauses.Store(true)
+		l.commits, l.written = make(chan batchWrite), make(chan struct{})
+		l.wg.Add(1)
+		go l.committer()
 	}
 	l.wg.Add(1)
 	go l.run()
@@ -112,6 +121,7 @@ const (
 
 func (l *Ledger) checkpoints() {
 	defer l.wg.Done()
+	background()
 	t := time.NewTicker(checkpointEvery)
 	defer t.Stop()
 	for {
@@ -331,6 +341,9 @@ const linger = 100 * time.Millisecond
 
 func (l *Ledger) run() {
 	defer l.wg.Done()
+	if l.commits != nil {
+		defer close(l.commits)
+	}
 	batch := make([]op, 0, maxBatch)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -344,18 +357,18 @@ func (l *Ledger) run() {
 			case o, ok := <-l.ops:
 				due.Stop()
 				if !ok {
-					l.write(nil, true)
+					l.writeBatch(nil, true)
 					return
 				}
 				first = o
 			case <-due.C:
-				l.write(nil, false)
+				l.writeBatch(nil, false)
 				continue
 			}
 		} else {
 			o, ok := <-l.ops
 			if !ok {
-				l.write(nil, true)
+				l.writeBatch(nil, true)
 				return
 			}
 			first = o
@@ -396,10 +409,49 @@ func (l *Ledger) run() {
 			}
 			timer.Stop()
 		}
-		l.write(batch, !open)
+		l.writeBatch(batch, !open)
 		if !open {
 			return
 		}
+	}
+}
+
+// batchWrite is one call of write, handed to the committer.
+type batchWrite struct {
+	batch []op
+	final bool
+}
+
+// writeBatch writes a batch: on SQLite through the committer, waiting
+// until it is written (the batch's slice is reused), unless the writer is
+// behind, when it writes at once at normal priority.
+func (l *Ledger) writeBatch(batch []op, final bool) {
+	if l.commits == nil || len(l.ops) > cap(l.ops)/4 {
+		l.write(batch, final)
+		return
+	}
+	l.commits <- batchWrite{batch, final}
+	<-l.written
+}
+
+// committer writes SQLite batches on an OS thread of the lowest priority
+// (background). SQLite is compiled Go here, so its work runs on whichever
+// thread calls it; a batch of a hundred rows is milliseconds of CPU, and on
+// a one-core gateway the requests that arrived meanwhile waited behind it:
+// that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At nice 19 the
+// kernel runs the request threads first; the process keeps a second P for
+// them (web.spareProc). Only whole batches cross to this goroutine: a
+// locked thread pays a thread switch on every wake-up, too much for each
+// row the writer gathers. A writer that falls behind (its queue a quarter
+// full) writes at normal priority instead, so that a saturated core cannot
+// starve the ledger. Where the priority cannot be lowered, the statements
+// of a batch are spaced out instead (pause).
+func (l *Ledger) committer() {
+	defer l.wg.Done()
+	l.pauses.Store(!background())
+	for w := range l.commits {
+		l.write(w.batch, w.final)
+		l.written <- struct{}{}
 	}
 }
 
@@ -443,7 +495,10 @@ var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 // writer goes first again); 200 µs 12-13 ms; as long as the statement
 // 4.2-4.5 ms. 16 rows a statement costs the least CPU of 4, 8, 16 and 32
 // with the same tail. When the writer falls behind (its queue half full) it
-// stops pausing: rows must not pile up without bound.
+// stops pausing: rows must not pile up without bound. The pause is now the
+// fallback: on Linux the committer's thread runs at the lowest priority
+// instead, which the kernel preempts for requests at once (p99 at 1,000
+// req/s 3-4 ms against 6-8 ms with pauses, in one sitting).
 const sqliteStatementRows = 16
 
 // finalColumns are the columns a Finish sets on its pending row.
@@ -651,7 +706,7 @@ func (l *Ledger) write(batch []op, closing bool) {
 		l.runMu.Unlock()
 	}
 	if l.kickCkpt != nil {
-		if l.commits++; l.commits%checkpointAfter == 0 {
+		if l.nCommits++; l.nCommits%checkpointAfter == 0 {
 			select {
 			case l.kickCkpt <- struct{}{}:
 			default:
@@ -787,7 +842,7 @@ func inChunks(rows []models.Usage, max int, fn func([]models.Usage) error) error
 // batch, for as long as the last one took (SQLite only; see
 // sqliteStatementRows), unless the writer is behind.
 func (l *Ledger) pause(took time.Duration) {
-	if !l.pauses || len(l.ops) > cap(l.ops)/2 {
+	if !l.pauses.Load() || len(l.ops) > cap(l.ops)/2 {
 		return
 	}
 	time.Sleep(took)
