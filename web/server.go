@@ -273,6 +273,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		// would cut every long-lived answer (a chat's event stream) at that
 		// age. A /v1 stream's relay sets its own deadline per frame instead.
 		IdleTimeout:  120 * time.Second,
+		// A connection keeps its write buffer while it is open, and an
+		// open stream is one connection: 2 KiB holds a few common frames
+		// (a larger write bypasses the buffer), where the default is 4.
+		WriteBufferSize: 2 << 10,
 		ErrorHandler: s.errorHandler,
 	})
 	markUnread(s.App.Server())

@@ -676,8 +676,11 @@ func (x *exchange) waitBegun() error {
 
 // whole relays a non-streamed answer (or any error answer) in one piece.
 func (x *exchange) whole(resp *http.Response) *Response {
-	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	// Closed now, not deferred: the exchange's context ends before this
+	// returns, and a body closed after that cannot give its connection
+	// back for reuse.
+	resp.Body.Close()
 	if err != nil {
 		return x.upstreamFailed(err)
 	}
@@ -753,9 +756,10 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 		x.tr = responses.NewStream(x.call.Body, x.answerID(), x.call.Start.Unix())
 		opts.Transform = x.tr.Frame
 	}
-	// 4 KiB holds several common frames; a stream keeps it while it is
-	// open (the relay reads larger frames in several fills).
-	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 4<<10), opts)
+	// A stream keeps this buffer while it is open. 1 KiB holds a common
+	// frame or two; the relay copies each frame out of it anyway, so a
+	// larger frame only takes more fills.
+	s := proxy.NewStream(bufio.NewReaderSize(resp.Body, 1<<10), opts)
 	x.relay = s.Result()
 	decided := false
 	s.End = func(res *proxy.RelayResult) []byte {

@@ -1,14 +1,12 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
-	"time"
+	"sync"
 )
 
 // Upstream is one engine's OpenAI-compatible base URL (ending in /v1).
@@ -18,37 +16,22 @@ type Upstream struct {
 	APIKey  string
 }
 
-// Client calls engines. One is shared by all backends: its transport keeps
-// connections warm per host.
+// Client calls engines. One is shared by all backends: it keeps
+// connections warm per engine (transport.go).
 type Client struct {
-	hc *http.Client
+	t *transport
 }
 
 // NewClient returns a client whose connections fail fast when an engine is
-// down and stay open for reuse under load.
+// down (5 s to connect) and stay open for reuse under load. Engines are
+// reached directly, never through HTTP_PROXY, over HTTP/1.1, without
+// compression (frames must pass through as they come).
 func NewClient() *Client {
-	tr := &http.Transport{
-		Proxy:                 nil, // engines are reached directly, never through HTTP_PROXY
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		// Compression would make the transport buffer and decode the SSE
-		// stream; frames must pass through as they come.
-		DisableCompression: true,
-		ForceAttemptHTTP2:  false,
-		// A connection keeps both buffers for its life, and there is one
-		// connection per running stream. The relay reads through a buffer
-		// of its own (bufio.Reader reads past a smaller one straight into
-		// the caller's), so this one serves only status line, headers and
-		// chunk sizes; the write buffer holds a request's headers, and a
-		// larger body goes out in a few writes. 4 KiB each by default.
-		ReadBufferSize:  1 << 10,
-		WriteBufferSize: 2 << 10,
-	}
-	return &Client{hc: &http.Client{Transport: tr}}
+	return &Client{t: newTransport()}
 }
+
+// CloseIdleConnections closes the connections kept for reuse.
+func (c *Client) CloseIdleConnections() { c.t.closeIdle() }
 
 // ErrEngineDisconnected is wrapped by the errors of an engine backend whose
 // link lost the connection that carried the request while it ran.
@@ -90,16 +73,18 @@ func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*
 }
 
 func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(up.BaseURL, "/")+path, bytes.NewReader(body))
+	tg, err := c.t.target(up.BaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("build request for backend %s: %w", up.Name, err)
+		return nil, &UpstreamError{Status: http.StatusBadGateway, Backend: up.Name, Err: fmt.Errorf("base URL %q: %w", up.BaseURL, err)}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if up.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+up.APIKey)
+	if !validToken(path) || !validToken(up.APIKey) {
+		return nil, fmt.Errorf("build request for backend %s: a control character or space in the path or key", up.Name)
 	}
-	resp, err := c.hc.Do(req)
+	hb := headerBufs.Get().(*[]byte)
+	header := requestHeader((*hb)[:0], method, tg, path, up.APIKey, len(body))
+	resp, err := c.t.roundTrip(ctx, tg, method, header, body)
+	*hb = header
+	headerBufs.Put(hb)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -112,4 +97,18 @@ func (c *Client) do(ctx context.Context, up Upstream, method, path string, body 
 		return nil, &UpstreamError{Status: status, Backend: up.Name, Err: err}
 	}
 	return resp, nil
+}
+
+// headerBufs holds the buffers requests' headers are built in.
+var headerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// validToken tells that s can go into a request line or header as is: no
+// space or control character that would end or split it.
+func validToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] == 0x7f {
+			return false
+		}
+	}
+	return true
 }

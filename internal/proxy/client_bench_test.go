@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,15 +15,15 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// The engine client, net/http's against fasthttp's, for this workload: one
+// The engine client (transport.go) against net/http's and fasthttp's, for this workload: one
 // chat body out, a small JSON answer or 20 SSE frames back, over loopback
 // keep-alive connections (issue 12 asked for the comparison).
 //
 //	go test ./internal/proxy -run '^$' -bench EngineClient -benchmem -count 5
 //
 // Both read the whole answer; the stream is read frame by frame as the
-// relay does. BENCHMARKS.md §13 has the numbers and why Moonji keeps
-// net/http.
+// relay does. BENCHMARKS.md §13 has the numbers, and why Moonji has a
+// client of its own rather than fasthttp's.
 
 const benchAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the engine."},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`
 
@@ -59,6 +60,25 @@ func BenchmarkEngineClient(b *testing.B) {
 			name = "stream"
 		}
 		b.Run("net-http/"+name, func(b *testing.B) {
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true,
+				ReadBufferSize: 1 << 10, WriteBufferSize: 2 << 10}}
+			b.ReportAllocs()
+			for b.Loop() {
+				req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+path, bytes.NewReader(benchBody))
+				if err != nil {
+					b.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Accept", "application/json, text/event-stream")
+				resp, err := hc.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				readAnswer(b, resp.Body, stream)
+				resp.Body.Close()
+			}
+		})
+		b.Run("moonji/"+name, func(b *testing.B) {
 			c := NewClient()
 			up := Upstream{Name: "bench", BaseURL: srv.URL}
 			b.ReportAllocs()

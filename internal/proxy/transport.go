@@ -1,0 +1,367 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// transport is the engine client's HTTP/1.1 connection pool. net/http's
+// Transport keeps two goroutines and a write buffer per connection for its
+// life, and hands every response over between goroutines; a gateway holds
+// one connection per running stream, so that was 2 of the 4 goroutines per
+// open stream (BENCHMARKS.md §13). Here a request is written and its
+// answer read on the caller's goroutine, and cancelling the context closes
+// the connection through context.AfterFunc, which costs no goroutine while
+// it waits. Headers are parsed by net/http (http.ReadResponse), bodies
+// decoded by it too (chunked, Content-Length); what is left is the pool.
+type transport struct {
+	dialer  net.Dialer
+	mu      sync.Mutex
+	idle    map[string][]*engineConn // per target, oldest first
+	nIdle   int
+	sweeper *time.Timer
+	targets sync.Map // base URL → *target
+	// rootCAs, when set, replaces the system's roots (tests).
+	rootCAs *x509.CertPool
+}
+
+// Pool limits, as the net/http Transport had them.
+const (
+	maxIdlePerHost = 256
+	maxIdle        = 1024
+	idleTimeout    = 90 * time.Second
+	// connReadBuffer serves status lines, headers and chunk sizes; the
+	// relay reads bodies through a buffer of its own (bufio.Reader reads
+	// past a smaller one straight into the caller's).
+	connReadBuffer = 1 << 10
+	// maxResponseHeader bounds an engine's status line and headers.
+	maxResponseHeader = 1 << 20
+)
+
+func newTransport() *transport {
+	return &transport{
+		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		idle:   map[string][]*engineConn{},
+	}
+}
+
+// target is an engine base URL, parsed once.
+type target struct {
+	key        string // scheme://host:port, the pool's key
+	tls        bool
+	hostPort   string
+	host       string // Host header
+	serverName string
+	path       string // base path, without a trailing slash
+}
+
+func (t *transport) target(base string) (*target, error) {
+	if v, ok := t.targets.Load(base); ok {
+		return v.(*target), nil
+	}
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("unsupported scheme %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, errors.New("no host")
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	tg := &target{tls: u.Scheme == "https", hostPort: net.JoinHostPort(u.Hostname(), port),
+		host: u.Host, serverName: u.Hostname(), path: u.EscapedPath()}
+	tg.key = u.Scheme + "://" + tg.hostPort
+	t.targets.Store(base, tg)
+	return tg, nil
+}
+
+// engineConn is one connection to an engine.
+type engineConn struct {
+	net.Conn
+	br     *bufio.Reader
+	lim    limitedReader
+	key    string
+	reused bool
+	idleAt time.Time
+}
+
+// limitedReader bounds what may be read while headers are parsed.
+type limitedReader struct {
+	r io.Reader
+	n int64 // < 0: no limit
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(p)
+	}
+	if l.n == 0 {
+		return 0, errors.New("engine's response header too large")
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+// roundTrip sends one request and reads its answer's header. The body is
+// read on the caller's goroutine; the connection goes back to the pool
+// once the body was read to its end and closed.
+func (t *transport) roundTrip(ctx context.Context, tg *target, method string, header, body []byte) (*http.Response, error) {
+	for attempt := 0; ; attempt++ {
+		ec, err := t.get(ctx, tg)
+		if err != nil {
+			return nil, err
+		}
+		// Cancelling ctx closes the connection: a write or read in progress
+		// fails at once, and the engine sees its client leave.
+		stop := context.AfterFunc(ctx, func() { ec.Conn.Close() })
+		resp, err := ec.exchange(method, header, body)
+		if err != nil {
+			stop()
+			ec.Conn.Close()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			// A kept-alive connection the engine closed while it sat idle
+			// fails before any answer: send again, once, on a new one. The
+			// engine never saw the request (it had closed the connection).
+			if ec.reused && attempt == 0 && isStale(err) {
+				continue
+			}
+			return nil, err
+		}
+		resp.Body = &engineBody{rc: resp.Body, ctx: ctx, ec: ec, t: t, stop: stop,
+			reusable: !resp.Close && (resp.ContentLength >= 0 || isChunked(resp)) && method != http.MethodHead}
+		return resp, nil
+	}
+}
+
+// exchange writes the request and reads the answer's status and headers.
+func (ec *engineConn) exchange(method string, header, body []byte) (*http.Response, error) {
+	bufs := net.Buffers{header, body}
+	if _, err := bufs.WriteTo(ec.Conn); err != nil {
+		return nil, err
+	}
+	ec.lim.n = maxResponseHeader
+	resp, err := http.ReadResponse(ec.br, &http.Request{Method: method})
+	ec.lim.n = -1
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func isStale(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || isConnReset(err)
+}
+
+func isConnReset(err error) bool {
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		return false
+	}
+	s := op.Err.Error()
+	return strings.Contains(s, "connection reset") || strings.Contains(s, "broken pipe")
+}
+
+func isChunked(resp *http.Response) bool {
+	return len(resp.TransferEncoding) > 0 && resp.TransferEncoding[0] == "chunked"
+}
+
+// get takes an idle connection to tg, the newest first, or dials one.
+func (t *transport) get(ctx context.Context, tg *target) (*engineConn, error) {
+	now := time.Now()
+	t.mu.Lock()
+	for l := t.idle[tg.key]; len(l) > 0; l = t.idle[tg.key] {
+		ec := l[len(l)-1]
+		t.idle[tg.key] = l[:len(l)-1]
+		t.nIdle--
+		if now.Sub(ec.idleAt) < idleTimeout {
+			t.mu.Unlock()
+			ec.reused = true
+			return ec, nil
+		}
+		ec.Conn.Close()
+	}
+	t.mu.Unlock()
+	return t.dial(ctx, tg)
+}
+
+func (t *transport) dial(ctx context.Context, tg *target) (*engineConn, error) {
+	c, err := t.dialer.DialContext(ctx, "tcp", tg.hostPort)
+	if err != nil {
+		return nil, err
+	}
+	if tg.tls {
+		tc := tls.Client(c, &tls.Config{ServerName: tg.serverName, NextProtos: []string{"http/1.1"}, RootCAs: t.rootCAs})
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	ec := &engineConn{Conn: c, key: tg.key}
+	ec.lim = limitedReader{r: c, n: -1}
+	ec.br = bufio.NewReaderSize(&ec.lim, connReadBuffer)
+	return ec, nil
+}
+
+// put keeps a connection for the next request to its engine, or closes it
+// when the pool is full.
+func (t *transport) put(ec *engineConn) {
+	if ec.br.Buffered() > 0 {
+		ec.Conn.Close() // bytes past the answer: not a connection to trust
+		return
+	}
+	ec.idleAt = time.Now()
+	t.mu.Lock()
+	l := t.idle[ec.key]
+	if len(l) >= maxIdlePerHost || t.nIdle >= maxIdle {
+		t.mu.Unlock()
+		ec.Conn.Close()
+		return
+	}
+	t.idle[ec.key] = append(l, ec)
+	t.nIdle++
+	if t.sweeper == nil {
+		t.sweeper = time.AfterFunc(idleTimeout, t.sweep)
+	}
+	t.mu.Unlock()
+}
+
+// sweep closes the connections idle for longer than idleTimeout; it runs
+// while any connection is idle.
+func (t *transport) sweep() {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, l := range t.idle {
+		n := 0
+		for n < len(l) && now.Sub(l[n].idleAt) >= idleTimeout {
+			l[n].Conn.Close()
+			n++
+		}
+		t.nIdle -= n
+		if n == len(l) {
+			delete(t.idle, key)
+		} else {
+			t.idle[key] = append(l[:0], l[n:]...)
+		}
+	}
+	if t.nIdle > 0 {
+		t.sweeper.Reset(idleTimeout / 3)
+	} else {
+		t.sweeper = nil
+	}
+}
+
+// closeIdle closes every idle connection.
+func (t *transport) closeIdle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, l := range t.idle {
+		for _, ec := range l {
+			ec.Conn.Close()
+		}
+		delete(t.idle, key)
+	}
+	t.nIdle = 0
+}
+
+// engineBody is an answer's body on its connection. Read to its end, the
+// connection goes back to the pool; closed before, it is closed (what is
+// left of the answer cannot be skipped cheaply, and closing is how the
+// engine learns its client left).
+type engineBody struct {
+	rc       io.ReadCloser
+	ctx      context.Context
+	ec       *engineConn
+	t        *transport
+	stop     func() bool
+	reusable bool
+	eof      atomic.Bool
+	closed   atomic.Bool // Close may come from another goroutine than Read
+}
+
+func (b *engineBody) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, errors.New("read on a closed engine body")
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	} else if err != nil && b.ctx.Err() != nil {
+		err = b.ctx.Err() // the connection was closed because ctx ended
+	}
+	return n, err
+}
+
+func (b *engineBody) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	// stop reports false when ctx already ended and closed the connection.
+	if b.stop() && b.reusable && (b.eof.Load() || b.drain()) {
+		b.t.put(b.ec)
+		return nil
+	}
+	return b.ec.Conn.Close()
+}
+
+// drain reads what is left of the answer if it has already arrived: a
+// relay stops at the engine's [DONE], and the end of the chunked body
+// usually follows in the same packet. It never waits.
+func (b *engineBody) drain() bool {
+	if b.ec.Conn.SetReadDeadline(time.Now()) != nil {
+		return false
+	}
+	n, err := io.CopyN(io.Discard, b.rc, 256)
+	if err != io.EOF || n >= 256 {
+		return false
+	}
+	return b.ec.Conn.SetReadDeadline(time.Time{}) == nil
+}
+
+// requestHeader is the request line and headers of a call to an engine.
+func requestHeader(dst []byte, method string, tg *target, path, apiKey string, contentLength int) []byte {
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
+	dst = append(dst, tg.path...)
+	dst = append(dst, path...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, tg.host...)
+	dst = append(dst, "\r\nUser-Agent: moonji\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"...)
+	if apiKey != "" {
+		dst = append(dst, "Authorization: Bearer "...)
+		dst = append(dst, apiKey...)
+		dst = append(dst, "\r\n"...)
+	}
+	if contentLength > 0 || method == http.MethodPost {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(contentLength), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}

@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countingServer is an engine that counts the connections it accepted.
+func countingServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+func call(t *testing.T, c *Client, url string) (int, string) {
+	t.Helper()
+	resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: url + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestTransportReusesConnections(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/v1/chat/completions" || r.Header.Get("Content-Type") != "application/json" {
+				http.Error(w, "bad request line "+r.URL.Path, 400)
+				return
+			}
+			b, _ := io.ReadAll(r.Body)
+			if chunked {
+				w.(http.Flusher).Flush() // no Content-Length: chunked
+			}
+			w.Write(b)
+		})
+		c := NewClient()
+		for i := range 20 {
+			status, body := call(t, c, srv.URL)
+			if status != 200 || body != `{"model":"m"}` {
+				t.Fatalf("chunked=%v request %d: %d %q", chunked, i, status, body)
+			}
+		}
+		if n := conns.Load(); n != 1 {
+			t.Errorf("chunked=%v: 20 sequential requests took %d connections, want 1", chunked, n)
+		}
+	}
+}
+
+// TestTransportRetriesStaleConnection: an engine that closed a kept-alive
+// connection while it sat idle costs nothing: the request goes out again on
+// a new one.
+func TestTransportRetriesStaleConnection(t *testing.T) {
+	var mu sync.Mutex
+	var last net.Conn
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateIdle {
+			mu.Lock()
+			last = c
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := NewClient()
+	call(t, c, srv.URL)
+	waitUntil(t, func() bool { mu.Lock(); defer mu.Unlock(); return last != nil })
+	mu.Lock()
+	last.Close() // the engine drops the idle connection
+	mu.Unlock()
+	time.Sleep(50 * time.Millisecond)
+	if status, body := call(t, c, srv.URL); status != 200 || body != "ok" {
+		t.Fatalf("after a stale connection: %d %q", status, body)
+	}
+}
+
+func waitUntil(t *testing.T, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+	}
+}
+
+// TestTransportCancel: cancelling the context while the engine has not
+// answered, or mid-body, returns at once with the context's error, and the
+// engine sees its client leave.
+func TestTransportCancel(t *testing.T) {
+	gone := make(chan struct{}, 2)
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("body") != "" || strings.HasSuffix(r.URL.Path, "/completions") && r.Header.Get("X-Phase") == "" {
+			w.Write([]byte("data: 1\n\n"))
+			w.(http.Flusher).Flush()
+		}
+		<-r.Context().Done()
+		gone <- struct{}{}
+	})
+	c := NewClient()
+	up := Upstream{Name: "e", BaseURL: srv.URL + "/v1"}
+
+	// Before the answer's header (the engine waits before writing anything).
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := c.Do(ctx, up, http.MethodGet, "/models")
+	if !errors.Is(err, context.Canceled) || time.Since(start) > time.Second {
+		t.Fatalf("cancel before the header: %v after %v", err, time.Since(start))
+	}
+	select {
+	case <-gone:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the engine did not see its client leave")
+	}
+
+	// Mid-body.
+	ctx, cancel = context.WithCancel(context.Background())
+	resp, err := c.Post(ctx, up, APICompletions, []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := resp.Body.Read(buf); err != nil || string(buf[:n]) != "data: 1\n\n" {
+		t.Fatalf("first frame: %q %v", buf[:n], err)
+	}
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err = resp.Body.Read(buf)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("read after cancel: %v, want context.Canceled", err)
+	}
+	resp.Body.Close()
+	select {
+	case <-gone:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the engine did not see its client leave mid-body")
+	}
+}
+
+// TestTransportBodyClosedEarlyIsNotReused: a body closed before its end
+// closes its connection (the engine learns its client left); the next
+// request gets a new one.
+func TestTransportBodyClosedEarlyIsNotReused(t *testing.T) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(strings.Repeat("x", 100000)))
+	})
+	c := NewClient()
+	resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Read(make([]byte, 10))
+	resp.Body.Close()
+	if status, body := call(t, c, srv.URL); status != 200 || len(body) != 100000 {
+		t.Fatalf("%d, %d bytes", status, len(body))
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: a half-read answer's connection must not be reused", n)
+	}
+}
+
+// TestTransportHostileEngine: an endless header, a garbled status line and
+// a refused connection are errors, not hangs or panics.
+func TestTransportHostileEngine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	replies := []string{
+		"HTTP/1.1 200 OK\r\nX-Long: " + strings.Repeat("a", 2<<20) + "\r\n\r\n",
+		"garbage\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+	}
+	go func() {
+		for _, reply := range replies {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				conn.Read(make([]byte, 4096))
+				conn.Write([]byte(reply))
+			}()
+		}
+	}()
+	c := NewClient()
+	up := Upstream{Name: "e", BaseURL: "http://" + ln.Addr().String() + "/v1"}
+	for i := range replies {
+		resp, err := c.Post(context.Background(), up, APIChat, []byte(`{}`))
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		var ue *UpstreamError
+		if err == nil || (i < 2 && !errors.As(err, &ue)) {
+			t.Errorf("reply %d: err %v, want an upstream error", i, err)
+		}
+	}
+	ln.Close()
+	_, err = c.Post(context.Background(), up, APIChat, nil)
+	var ue *UpstreamError
+	if !errors.As(err, &ue) || ue.Status != http.StatusBadGateway {
+		t.Errorf("refused connection: %v, want 502", err)
+	}
+	// A path or key that would split the request line or a header.
+	for _, bad := range []Upstream{{Name: "e", BaseURL: up.BaseURL, APIKey: "k\r\nX-Evil: 1"}} {
+		if _, err := c.Post(context.Background(), bad, APIChat, nil); err == nil {
+			t.Errorf("key %q accepted", bad.APIKey)
+		}
+	}
+	if _, err := c.Do(context.Background(), up, http.MethodGet, "/responses/a b"); err == nil {
+		t.Error("a path with a space accepted")
+	}
+}
+
+func TestTransportTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "secure "+r.Host)
+	}))
+	defer srv.Close()
+	c := NewClient()
+	if _, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, nil); err == nil {
+		t.Fatal("an untrusted certificate was accepted")
+	}
+	c.t.rootCAs = srvPool(srv)
+	status, body := call(t, c, srv.URL)
+	if status != 200 || !strings.HasPrefix(body, "secure 127.0.0.1:") {
+		t.Fatalf("%d %q", status, body)
+	}
+}
+
+func srvPool(srv *httptest.Server) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(srv.Certificate())
+	return p
+}
