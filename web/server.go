@@ -272,12 +272,12 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		// No WriteTimeout: fasthttp would set it once per response, so it
 		// would cut every long-lived answer (a chat's event stream) at that
 		// age. A /v1 stream's relay sets its own deadline per frame instead.
-		IdleTimeout:  120 * time.Second,
+		IdleTimeout: 120 * time.Second,
 		// A connection keeps its write buffer while it is open, and an
 		// open stream is one connection: 2 KiB holds a few common frames
 		// (a larger write bypasses the buffer), where the default is 4.
 		WriteBufferSize: 2 << 10,
-		ErrorHandler: s.errorHandler,
+		ErrorHandler:    s.errorHandler,
 	})
 	markUnread(s.App.Server())
 	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID,

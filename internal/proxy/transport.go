@@ -129,7 +129,11 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 // once the body was read to its end and closed.
 func (t *transport) roundTrip(ctx context.Context, tg *target, method string, header, body []byte) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
-		ec, err := t.get(ctx, tg)
+		get := t.get
+		if attempt > 0 {
+			get = t.dial // the retry: not another idle connection, that may be stale too
+		}
+		ec, err := get(ctx, tg)
 		if err != nil {
 			return nil, err
 		}
@@ -164,12 +168,20 @@ func (ec *engineConn) exchange(method string, header, body []byte) (*http.Respon
 		return nil, err
 	}
 	ec.lim.n = maxResponseHeader
-	resp, err := http.ReadResponse(ec.br, &http.Request{Method: method})
-	ec.lim.n = -1
-	if err != nil {
-		return nil, err
+	defer func() { ec.lim.n = -1 }()
+	req := &http.Request{Method: method}
+	for {
+		resp, err := http.ReadResponse(ec.br, req)
+		if err != nil {
+			return nil, err
+		}
+		// An interim answer (103 Early Hints, a 100 never asked for) comes
+		// before the real one, as net/http's Transport skips them.
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue
+		}
+		return resp, nil
 	}
-	return resp, nil
 }
 
 func isStale(err error) bool {
