@@ -126,8 +126,7 @@ func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
 			return row, err
 		}
 		if !waiting {
-			if s.waiting.Add(1) > maxRowWaits {
-				s.waiting.Add(-1)
+			if !s.startWaiting() {
 				return row, err
 			}
 			waiting = true
@@ -136,6 +135,21 @@ func (s *Stopper) find(ctx context.Context, id string) (*models.Usage, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(rowPoll):
+		}
+	}
+}
+
+// startWaiting takes one of the maxRowWaits places, if one is free. The
+// count never goes past the bound, not even for a moment (an Add then a
+// step back would show 65 to whoever reads it meanwhile).
+func (s *Stopper) startWaiting() bool {
+	for {
+		n := s.waiting.Load()
+		if n >= maxRowWaits {
+			return false
+		}
+		if s.waiting.CompareAndSwap(n, n+1) {
+			return true
 		}
 	}
 }
