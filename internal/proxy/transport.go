@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -185,17 +186,8 @@ func (ec *engineConn) exchange(method string, header, body []byte) (*http.Respon
 }
 
 func isStale(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || isConnReset(err)
-}
-
-func isConnReset(err error) bool {
-	var op *net.OpError
-	if !errors.As(err, &op) {
-		return false
-	}
-	s := op.Err.Error()
-	return strings.Contains(s, "connection reset") || strings.Contains(s, "broken pipe")
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func isChunked(resp *http.Response) bool {

@@ -274,3 +274,47 @@ func TestTransportSkipsInterimAnswers(t *testing.T) {
 		t.Fatalf("%d %q", status, body)
 	}
 }
+
+// TestTransportRetriesResetConnection: a kept-alive connection the engine
+// reset (an RST, not a FIN) is retried on a new one too.
+func TestTransportRetriesResetConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	first := make(chan *net.TCPConn, 1)
+	go func() {
+		for n := 0; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 4096)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					if n == 0 {
+						first <- c.(*net.TCPConn)
+						return
+					}
+				}
+			}()
+		}
+	}()
+	c := NewClient()
+	url := "http://" + ln.Addr().String()
+	if status, body := call(t, c, url); status != 200 || body != "ok" {
+		t.Fatalf("%d %q", status, body)
+	}
+	conn := <-first
+	conn.SetLinger(0)
+	conn.Close() // an RST to the kept-alive connection
+	time.Sleep(50 * time.Millisecond)
+	if status, body := call(t, c, url); status != 200 || body != "ok" {
+		t.Fatalf("after a reset connection: %d %q", status, body)
+	}
+}
