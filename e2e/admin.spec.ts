@@ -63,13 +63,16 @@ test('requests made with a key appear on /admin with the right counts', async ({
   const badKey = await chat(`mj-${'x'.repeat(43)}`, ask('moonji-demo'));
   expect(badKey.status).toBe(401);
 
-  // The ledger commits in groups, and the refusal may land in a later one
-  // than the answers: reload until all four rows are in.
+  // The ledger commits in groups, and the refusals may land in a later one
+  // than the answers: reload until all five rows are in (the key's four and
+  // the key-less 401, which no key total counts).
   const keyRow = page.locator('#key-totals tbody tr', { hasText: `${prefix}…` });
+  const unauthorizedRow = page.locator(`#rejected tr[data-inference-id="${badKey.id}"]`);
   await expect.poll(async () => {
     await page.goto('/admin');
-    return [await value(totalsCell(page, 'moonji-demo', 'success')), await value(keyRow.locator('td[data-field="requests"]'))];
-  }, { timeout: 10_000 }).toEqual([before + 3, 4]);
+    return [await value(totalsCell(page, 'moonji-demo', 'success')), await value(keyRow.locator('td[data-field="requests"]')),
+      await unauthorizedRow.count()];
+  }, { timeout: 10_000 }).toEqual([before + 3, 4, 1]);
 
   // The fresh key: its four requests, the refused one included.
   await expect(keyRow).toHaveCount(1);
