@@ -6,6 +6,8 @@
 #   scripts/bench-maxrate.sh                          (the ledger in SQLite)
 #   DB=postgres scripts/bench-maxrate.sh              (PostgreSQL + Redis rate limits)
 #   RATES="1000 3000 5000" scripts/bench-maxrate.sh
+#   PROFILE=/tmp/prof RATES=1000 scripts/bench-maxrate.sh  (a 9 s CPU profile
+#       and a heap profile per rate, cpu-RATE.pprof / heap-RATE.pprof)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
@@ -34,7 +36,7 @@ models: [{name: gpt-4o-mini, backend: mock}]
 YAML
 taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
 mock=$!
-env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
+env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} ${PROFILE:+MOONJI_PPROF=127.0.0.1:16060} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
 server=$!
 # Wait for both to exit: an overloaded gateway drains its backlog while it
 # shuts down, and the next run's gateway would share its core meanwhile.
@@ -48,7 +50,14 @@ hz=$(getconf CLK_TCK)
 printf '%-6s %-9s %-9s %-9s %-8s %-6s\n' rate p50 p99 max success cpu
 for r in $RATES; do
   t0=$(awk '{print $14+$15}' /proc/$server/stat)
+  if [ -n "${PROFILE:-}" ]; then
+    mkdir -p "$PROFILE"
+    (sleep 0.5; curl -s -o "$PROFILE/cpu-$r.pprof" "http://127.0.0.1:16060/debug/pprof/profile?seconds=9"
+     curl -s -o "$PROFILE/heap-$r.pprof" "http://127.0.0.1:16060/debug/pprof/heap") &
+    profiler=$!
+  fi
   out=$(taskset -c 0 "$VEGETA" attack -rate "$r" -duration 10s -targets "$dir/targets" | "$VEGETA" report -type=json)
   t1=$(awk '{print $14+$15}' /proc/$server/stat)
+  [ -z "${PROFILE:-}" ] || wait $profiler
   echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); l=d['latencies']; print('%-6s %-9s %-9s %-9s %-8s %d%%' % ($r, '%.2fms'%(l['50th']/1e6), '%.2fms'%(l['99th']/1e6), '%.1fms'%(l['max']/1e6), '%.2f%%'%(d['success']*100), ($t1-$t0)*100/(10*$hz)))"
 done

@@ -69,6 +69,10 @@ type Ledger struct {
 	// between the statements of a batch (SQLite: see sqliteStatementRows).
 	maxRows int
 	pauses  atomic.Bool
+	// sqlite: rows are written as JSON (sqlite.go), encoded into jsonBuf
+	// by whichever goroutine writes (one at a time).
+	sqlite  bool
+	jsonBuf []byte
 
 	// With a journal, a Begin is journaled and its pending row deferred.
 	journal      Journal
@@ -88,7 +92,7 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	l := &Ledger{db: db, ops: make(chan op, 8192), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
 		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}, maxRows: chunkSizes[0]}
 	if db.Dialector.Name() == "sqlite" {
-		l.maxRows = sqliteStatementRows
+		l.sqlite, l.maxRows = true, sqliteStatementRows
 		l.pauses.Store(true)
 		l.commits, l.written = make(chan batchWrite), make(chan struct{})
 		l.wg.Add(1)
@@ -481,25 +485,21 @@ var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 
 // SQLite runs inside this process, as Go code (modernc's translation of its
 // C) that the scheduler does not interrupt: a statement keeps its P until it
-// returns. A row costs ~100 µs of CPU (parsing, binding — quadratic in the
-// number of parameters in the driver — and seven B-trees), and the writer
-// gathers 100 ms of rows into a batch: at 1,000 req/s, ~10 ms of work at
-// once, during which every request on a one-core gateway waited (that was
-// the p99: 20 ms, against 4 ms with the ledger in PostgreSQL). So on SQLite
-// a statement writes at most sqliteStatementRows rows, and after each
-// statement of a batch the writer sleeps as long as the statement took: it
-// takes at most half the core while requests are waiting, and a batch is
-// spread over twice its work. Measured at 1,000 req/s on one core (p99):
-// no pause 19-21 ms; runtime.Gosched 20 ms (a yielding goroutine runs again
-// before the scheduler polls the network); a 20 µs sleep 20 ms (the woken
-// writer goes first again); 200 µs 12-13 ms; as long as the statement
-// 4.2-4.5 ms. 16 rows a statement costs the least CPU of 4, 8, 16 and 32
-// with the same tail. When the writer falls behind (its queue half full) it
-// stops pausing: rows must not pile up without bound. The pause is now the
-// fallback: on Linux the committer's thread runs at the lowest priority
-// instead, which the kernel preempts for requests at once (p99 at 1,000
-// req/s 3-4 ms against 6-8 ms with pauses, in one sitting).
-const sqliteStatementRows = 16
+// returns. The writer gathers 100 ms of rows into a batch, and on a one-core
+// gateway every request waited while it was written (that was the p99: 20
+// ms, against 4 ms with the ledger in PostgreSQL). On Linux the committer's
+// thread runs at the lowest priority, which the kernel preempts for
+// requests at once (p99 at 1,000 req/s 3-4 ms). Where that is not possible,
+// the writer sleeps after each statement of a batch as long as the
+// statement took, so that it takes at most half the core while requests
+// wait (4.2-4.5 ms against 19-21 ms with no pause; a yield or a short sleep
+// did not help: the woken writer went first again). A statement writes at
+// most sqliteStatementRows rows, bound as one JSON text (sqlite.go): a row
+// costs ~40 µs of CPU that way, and one statement of 64 rows ~2.5 ms, about
+// a statement's worth of the earlier 16-row INSERTs (BENCHMARKS.md §17).
+// When the writer falls behind (its queue half full) it stops pausing: rows
+// must not pile up without bound.
+const sqliteStatementRows = 64
 
 // finalColumns are the columns a Finish sets on its pending row.
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
@@ -737,9 +737,9 @@ func rowErr(err error, failed map[string]error, id string) error {
 // only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
 	if p.statements(l.maxRows) <= 1 && !p.final() {
-		return l.exec(l.db, p)
+		return l.exec(l.db, p, false)
 	}
-	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
+	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p, true) })
 }
 
 // commitAlone commits the plan of one row that failed in its batch; if it
@@ -759,7 +759,7 @@ func (l *Ledger) commitAlone(p *plan) error {
 	return nil
 }
 
-func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
+func (l *Ledger) exec(tx *gorm.DB, p *plan, inTx bool) error {
 	var r *models.Rollup
 	if p.final() {
 		r = models.NewRollup()
@@ -775,20 +775,45 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 		ran++
 		last = time.Now()
 	}
-	if err := inChunks(p.inserts, l.maxRows, func(rows []models.Usage) error {
+	insert := func(rows []models.Usage) error {
 		step()
 		return tx.Create(&rows).Error
-	}); err != nil {
-		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
 	}
-	if err := inChunks(p.upserts, l.maxRows, func(rows []models.Usage) error {
+	upsert := func(rows []models.Usage) error {
 		step()
 		res := tx.Clauses(upsertFinal).Create(&rows)
 		if res.Error == nil && res.RowsAffected != int64(len(rows)) {
 			return errNotPending
 		}
 		return res.Error
-	}); err != nil {
+	}
+	cut := inChunks
+	if l.sqlite {
+		// One statement per chunk whatever its size (sqlite.go).
+		cut = inPieces
+		query := sqliteInsert
+		if inTx {
+			query = sqliteInsertFail
+		}
+		insert = func(rows []models.Usage) (err error) {
+			step()
+			_, l.jsonBuf, err = sqliteWrite(tx, query, rows, l.jsonBuf)
+			return err
+		}
+		upsert = func(rows []models.Usage) error {
+			step()
+			n, buf, err := sqliteWrite(tx, sqliteUpsertFinish, rows, l.jsonBuf)
+			l.jsonBuf = buf
+			if err == nil && n != int64(len(rows)) {
+				return errNotPending
+			}
+			return err
+		}
+	}
+	if err := cut(p.inserts, l.maxRows, insert); err != nil {
+		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
+	}
+	if err := cut(p.upserts, l.maxRows, upsert); err != nil {
 		return fmt.Errorf("finish %d usage rows: %w", len(p.upserts), err)
 	}
 	for i := range p.updates {
@@ -819,6 +844,18 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 	}
 	step()
 	return r.Apply(tx)
+}
+
+// inPieces calls fn on rows cut into pieces of at most max rows.
+func inPieces(rows []models.Usage, max int, fn func([]models.Usage) error) error {
+	for len(rows) > 0 {
+		n := min(len(rows), max)
+		if err := fn(rows[:n]); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
 }
 
 // inChunks calls fn on rows cut into chunkSizes pieces of at most max

@@ -1,5 +1,7 @@
 package responses
 
+import "moonji/internal/jsonguard"
+
 // close ends the response: every item done, then response.completed, or
 // response.incomplete when the engine stopped at the token limit or a
 // content filter. A response with no item gets an empty message, so that
@@ -77,7 +79,7 @@ func (s *Stream) closeCall(c *toolCall, n int, status string) {
 func (s *Stream) fail(msg string) {
 	s.event("error")
 	s.out = append(s.out, `,"code":"server_error","message":`...)
-	s.out = appendString(s.out, msg)
+	s.out = jsonguard.AppendString(s.out, msg)
 	s.out = append(s.out, `,"param":null`...)
 	s.endEvent()
 	s.event("response.failed")

@@ -132,7 +132,7 @@ func argumentsBody(v gjson.Result) string {
 		return body(v)
 	}
 	if isObject(v) {
-		s := appendString(nil, v.Raw)
+		s := jsonguard.AppendString(nil, v.Raw)
 		return string(s[1 : len(s)-1])
 	}
 	return ""

@@ -32,8 +32,8 @@ func newHead(req []byte, id string, created int64) head {
 	// Item ids share the response's suffix: msg_X and fc_X_n for resp_X,
 	// unique per response and predictable for tests.
 	suffix := strings.TrimPrefix(id, "resp_")
-	h.msgID = appendString(nil, "msg_"+suffix)
-	h.suffix = appendString(nil, suffix)
+	h.msgID = jsonguard.AppendString(nil, "msg_"+suffix)
+	h.suffix = jsonguard.AppendString(nil, suffix)
 	h.suffix = h.suffix[1 : len(h.suffix)-1]
 
 	var r gjson.Result
@@ -158,7 +158,7 @@ type ending struct {
 // bracket of its output; closeResponse ends it after the output items.
 func (h *head) openResponse(b []byte, model []byte, e ending) []byte {
 	b = append(b, `{"id":`...)
-	b = appendString(b, h.id)
+	b = jsonguard.AppendString(b, h.id)
 	b = append(b, `,"object":"response","created_at":`...)
 	b = appendInt(b, h.created)
 	b = append(b, `,"status":"`...)
@@ -172,7 +172,7 @@ func (h *head) openResponse(b []byte, model []byte, e ending) []byte {
 	b = append(b, `,"error":`...)
 	if e.errMsg != "" {
 		b = append(b, `{"code":"server_error","message":`...)
-		b = appendString(b, e.errMsg)
+		b = jsonguard.AppendString(b, e.errMsg)
 		b = append(b, '}')
 	} else {
 		b = append(b, "null"...)
