@@ -148,7 +148,10 @@ const (
 
 // NewStream returns a Stream over the engine's body.
 func NewStream(src *bufio.Reader, o RelayOptions) *Stream {
-	return &Stream{src: src, opts: o, frame: make([]byte, 0, 1024)} // grows to the largest frame
+	// frame starts empty and grows to the largest frame: most are a few
+	// hundred bytes, and an open stream holds this buffer as long as it
+	// runs.
+	return &Stream{src: src, opts: o}
 }
 
 // Result is what happened so far.

@@ -47,7 +47,7 @@ const (
 	// connReadBuffer serves status lines, headers and chunk sizes; the
 	// relay reads bodies through a buffer of its own (bufio.Reader reads
 	// past a smaller one straight into the caller's).
-	connReadBuffer = 1 << 10
+	connReadBuffer = 512
 	// maxResponseHeader bounds an engine's status line and headers.
 	maxResponseHeader = 1 << 20
 )
