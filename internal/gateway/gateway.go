@@ -552,6 +552,9 @@ func (x *exchange) run(body []byte) *Response {
 			// probe, tell a half-closed client that still reads from one
 			// that left.
 			x.watch.StopProbing()
+			// An open stream holds its exchange for as long as it runs:
+			// the engine's headers are read, so they go now.
+			resp.Header = nil
 			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
 		}
 		return x.whole(resp)
@@ -653,11 +656,24 @@ func (x *exchange) start() {
 	}
 }
 
+// streamHeader hands the exchange's header to the stream's response: the
+// answer has started, so nothing adds to it after this, and an open stream
+// should not keep it (the server has copied it by the time it reads the
+// body). A reply written after that gets a header of its own (header).
 func (x *exchange) streamHeader() http.Header {
-	h := x.hdr
+	h := x.header()
+	x.hdr = nil
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no") // nginx in front must not buffer the stream
 	return h
+}
+
+// header is the header of the exchange's response.
+func (x *exchange) header() http.Header {
+	if x.hdr == nil {
+		x.hdr = http.Header{}
+	}
+	return x.hdr
 }
 
 // waitBegun waits for the pending row, so that the inference id the client
@@ -726,7 +742,7 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	if ct == "" || x.translate {
 		ct = "application/json"
 	}
-	return &Response{Status: resp.StatusCode, ContentType: ct, Header: x.hdr, Body: data}
+	return &Response{Status: resp.StatusCode, ContentType: ct, Header: x.header(), Body: data}
 }
 
 // stream relays the engine's SSE answer to the client. The server pulls
@@ -956,7 +972,7 @@ func (x *exchange) admissionFailed(err error) *Response {
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeRejected, rej.Reason, http.StatusServiceUnavailable
 		x.row.UsageSource = models.UsageNone
 		x.row.QueueMs = rej.Waited.Milliseconds()
-		x.hdr.Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
+		x.header().Set("Retry-After", strconv.Itoa(rej.RetryAfterSeconds()))
 		x.g.metrics.Rejections.WithLabelValues(rej.Reason).Inc()
 		x.finish()
 		who := "Backend " + x.route.Pool.Name() + " is"
@@ -995,7 +1011,7 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		// the request outwaited its TTL. Like a full admission queue, a
 		// refusal to retry later.
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeRejected, "engine_unavailable", http.StatusServiceUnavailable
-		x.hdr.Set("Retry-After", "1")
+		x.header().Set("Retry-After", "1")
 		x.g.metrics.Rejections.WithLabelValues("engine_unavailable").Inc()
 		x.finish()
 		x.g.log.Warn("engine not connected: request refused", "backend", x.backendName(), "err", err, "inference_id", x.call.ID)
@@ -1060,7 +1076,7 @@ func (x *exchange) stoppedBeforeAnswer() *Response {
 		body = fmt.Sprintf(`{"id":%q,"object":%q,"created":%d,"model":%q,"choices":[%s],"usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`,
 			id, object, created, x.req.Model, strings.Join(choices, ","), u.PromptTokens, u.PromptTokens)
 	}
-	return &Response{Status: http.StatusOK, ContentType: "application/json", Header: x.hdr, Body: []byte(body)}
+	return &Response{Status: http.StatusOK, ContentType: "application/json", Header: x.header(), Body: []byte(body)}
 }
 
 func (x *exchange) internalError(err error) *Response {
@@ -1076,7 +1092,7 @@ func (x *exchange) reply(status int, message, typ, code string) *Response {
 		<-x.begun
 		x.begun = nil
 	}
-	return errorResponse(status, message, typ, code, x.hdr)
+	return errorResponse(status, message, typ, code, x.header())
 }
 
 // registerResponse lets POST /v1/responses/{id}/cancel find a passed-through
