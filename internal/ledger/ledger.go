@@ -73,6 +73,7 @@ type Ledger struct {
 	// by whichever goroutine writes (one at a time).
 	sqlite  bool
 	jsonBuf []byte
+	slow    slowCommits // SQLite: a committer starved of CPU
 
 	// With a journal, a Begin is journaled and its pending row deferred.
 	journal      Journal
@@ -428,14 +429,61 @@ type batchWrite struct {
 
 // writeBatch writes a batch: on SQLite through the committer, waiting
 // until it is written (the batch's slice is reused), unless the writer is
-// behind, when it writes at once at normal priority.
+// behind or the committer was starved (slowCommits), when it writes at once
+// at normal priority.
 func (l *Ledger) writeBatch(batch []op, final bool) {
-	if l.commits == nil || len(l.ops) > cap(l.ops)/4 {
-		l.write(batch, final)
+	switch {
+	case l.commits == nil, len(l.ops) > cap(l.ops)/4:
+	case l.slow.active(time.Now()):
+		l.slow.bypassed.Add(1)
+	default:
+		l.commits <- batchWrite{batch, final}
+		<-l.written
 		return
 	}
-	l.commits <- batchWrite{batch, final}
-	<-l.written
+	l.write(batch, final)
+}
+
+// slowCommits notices a committer that is starved of CPU by other
+// processes. At nice 19 the thread gets a core only when nothing else wants
+// it. When what else wants it is this gateway's own request threads, that
+// is the point; but beside a process that keeps every core busy at normal
+// priority — an inference engine on the CPU, the usual neighbour of a
+// self-hosted gateway — it gets about 1.5 % of one, and a batch of 10 ms of
+// work takes most of a second while holding SQLite's write lock. So after
+// each batch the committer compares the time the batch took with the CPU
+// time the whole process used meanwhile: a slow batch during which the
+// process itself was mostly idle was starved by others, and the writer
+// writes the next batches itself, at normal priority, for slowFor. (A batch
+// that waited for SQLite's write lock looks the same and is handled the
+// same; writing at normal priority then costs nothing.) The committer's
+// thread cannot be raised back instead: an unprivileged process may only
+// lower a priority.
+type slowCommits struct {
+	until    atomic.Int64 // unix nanoseconds; 0: not slow
+	bypassed atomic.Int64 // batches written around the committer, for tests and logs
+}
+
+const (
+	slowWall  = 30 * time.Millisecond // a batch slower than this …
+	slowRatio = 4                     // … while the process used under 1/4 of a core
+	slowFor   = time.Second
+)
+
+// observe records one batch the committer wrote (how long it took, and the
+// CPU time the process used meanwhile), and reports whether it was starved.
+func (s *slowCommits) observe(wall, cpu time.Duration, now time.Time) bool {
+	if wall < slowWall || slowRatio*cpu > wall {
+		return false
+	}
+	s.until.Store(now.Add(slowFor).UnixNano())
+	return true
+}
+
+// active reports whether batches go around the committer now.
+func (s *slowCommits) active(now time.Time) bool {
+	u := s.until.Load()
+	return u != 0 && now.UnixNano() < u
 }
 
 // committer writes SQLite batches on an OS thread of the lowest priority
@@ -452,9 +500,18 @@ func (l *Ledger) writeBatch(batch []op, final bool) {
 // of a batch are spaced out instead (pause).
 func (l *Ledger) committer() {
 	defer l.wg.Done()
-	l.pauses.Store(!background())
+	lowered := background()
+	l.pauses.Store(!lowered)
 	for w := range l.commits {
+		start, cpu := time.Now(), processCPU()
 		l.write(w.batch, w.final)
+		if lowered {
+			wall := time.Since(start)
+			if used := processCPU() - cpu; l.slow.observe(wall, used, time.Now()) {
+				l.log.Info("usage batch starved of CPU at low priority; writing at normal priority for a while",
+					"took", wall, "process_cpu", used, "for", slowFor)
+			}
+		}
 		l.written <- struct{}{}
 	}
 }

@@ -3,6 +3,9 @@ package ledger
 import (
 	"runtime"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // background puts the calling goroutine on an OS thread of its own with
@@ -13,4 +16,13 @@ import (
 func background() bool {
 	runtime.LockOSThread()
 	return syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), 19) == nil
+}
+
+// processCPU is the CPU time all of this process's threads have used.
+func processCPU() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_PROCESS_CPUTIME_ID, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
