@@ -20,8 +20,13 @@ import (
 // class for the life of the process, so those pages are never empty and
 // stay mapped; the slots freed around the held one serve the next
 // statement. It is glibc's M_TRIM_THRESHOLD, done from outside. The cost is
-// the held pages: at most keptPages × 64 KiB per class, 11 classes.
-const keptPages = 4
+// the held pages: keptPages of each class, and keptCachePages of the 8 KiB
+// class, which holds SQLite's page cache (a connection drops its cache when
+// another one wrote, and reads the pages back into fresh slots): 3.5 MB.
+const (
+	keptPages      = 4
+	keptCachePages = 16
+)
 
 var keepPagesOnce sync.Once
 
@@ -36,7 +41,7 @@ func keepAllocatorPages() {
 			var slots []uintptr
 			kept := keptPages
 			if log == 13 {
-				kept = 16
+				kept = keptCachePages
 			}
 			for range kept * perPage {
 				p := libc.Xmalloc(tls, libc.Tsize_t(size))
