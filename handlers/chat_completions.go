@@ -22,7 +22,7 @@ func (h *Handler) ChatCompletions(maxBody int64) fiber.Handler {
 // gateway runs every API through one lifecycle.
 func (h *Handler) Inference(api proxy.API, maxBody int64) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		call := gateway.Call{ID: gateway.NewInferenceID(), Start: time.Now(), API: api}
+		call := gateway.Call{ID: gateway.NewInferenceID(), FreshID: true, Start: time.Now(), API: api}
 		SetRequestID(c, call.ID)
 
 		// The caller is identified before the body is read (the server

@@ -254,8 +254,12 @@ func (g *Gateway) Backends() []BackendState {
 // Call is one inference request.
 type Call struct {
 	// API is the endpoint it came to (chat unless set).
-	API       proxy.API
-	ID        string
+	API proxy.API
+	ID  string
+	// FreshID says ID was minted for this call and given to nobody before
+	// it: no stop can be waiting for it (stop.Service.BeginFresh). The
+	// chat's generations are not fresh: their page has the id first.
+	FreshID   bool
 	Start     time.Time
 	Principal Principal
 	// Body is the raw JSON body; the gateway owns it from here on.
@@ -652,7 +656,12 @@ func (x *exchange) start() {
 		x.watch = connwatch.Watch(x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
 	if x.g.stops != nil {
-		x.stopRun = x.g.stops.Begin(x.ctx, x.call.ID, func() { x.cancel(errStopped) })
+		onStop := func() { x.cancel(errStopped) }
+		if x.call.FreshID {
+			x.stopRun = x.g.stops.BeginFresh(x.call.ID, onStop)
+		} else {
+			x.stopRun = x.g.stops.Begin(x.ctx, x.call.ID, onStop)
+		}
 	}
 }
 

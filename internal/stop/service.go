@@ -204,17 +204,7 @@ type Run struct {
 // by CheckTimeout, to catch a stop that raced ahead of the start; that is the
 // only Redis command per inference. Call End when the inference is over.
 func (s *Service) Begin(ctx context.Context, id string, onStop func()) *Run {
-	r := &Run{s: s, id: id, unwatch: func() {}}
-	if onStop != nil {
-		r.unwatch = s.holder.Watch(id, onStop)
-	}
-	s.mu.Lock()
-	if _, dup := s.runs[id]; dup {
-		s.log.Warn("inference begun twice; the later run replaces the earlier", "inference_id", id)
-	}
-	s.runs[id] = r
-	s.mu.Unlock()
-
+	r := s.register(id, onStop)
 	// Registered first, checked second: a stop published after this check
 	// is delivered by the bus, or, if this replica is disconnected then,
 	// found by the check that follows re-subscription, which sees this run.
@@ -230,6 +220,30 @@ func (s *Service) Begin(ctx context.Context, id string, onStop func()) *Run {
 			s.holder.Stop(id)
 		}
 	}
+	return r
+}
+
+// BeginFresh is Begin for an id minted for this request and given to
+// nobody yet (a /v1 request's, which its client first sees in the answer's
+// headers): no stop can have been recorded for it, so the stop key is not
+// checked, which saves a Redis round trip per request. A stop sent once the
+// id is out finds the run registered, as after Begin.
+func (s *Service) BeginFresh(id string, onStop func()) *Run {
+	return s.register(id, onStop)
+}
+
+// register makes id's run known to this replica and watches its stop.
+func (s *Service) register(id string, onStop func()) *Run {
+	r := &Run{s: s, id: id, unwatch: func() {}}
+	if onStop != nil {
+		r.unwatch = s.holder.Watch(id, onStop)
+	}
+	s.mu.Lock()
+	if _, dup := s.runs[id]; dup {
+		s.log.Warn("inference begun twice; the later run replaces the earlier", "inference_id", id)
+	}
+	s.runs[id] = r
+	s.mu.Unlock()
 	return r
 }
 

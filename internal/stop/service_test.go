@@ -481,3 +481,41 @@ func TestStartWhileRedisDown(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the bus to subscribe after Redis came back", func() bool { return bus.Ready() == nil })
 }
+
+// A run begun with BeginFresh (an id nobody has seen yet) costs no Redis
+// command, and a stop sent once its id is out still reaches it.
+func TestBeginFreshCostsNoRedisCommand(t *testing.T) {
+	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {
+		cfg := replicaConfig{bus: RedisOptions{PingInterval: time.Hour}}
+		a := newReplica(t, be, "A", cfg)
+		b := newReplica(t, be, "B", cfg)
+		a.svc.Begin(context.Background(), "inf_warmup", nil).End()
+		before := be.commands(t)
+		stopped := make(chan struct{})
+		var runs []*Run
+		for i := range 20 {
+			onStop := func() {}
+			if i == 0 {
+				onStop = func() { close(stopped) }
+			}
+			runs = append(runs, a.svc.BeginFresh(fmt.Sprintf("inf_fresh_%d", i), onStop))
+		}
+		if got := be.commands(t) - before; got != 0 {
+			t.Fatalf("20 fresh Begins cost %d Redis commands, want 0", got)
+		}
+		go func() {
+			<-stopped
+			runs[0].Ack()
+		}()
+		res, err := b.svc.Request(context.Background(), "inf_fresh_0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Acked {
+			t.Fatalf("a stop from another replica for a fresh run: %+v, want acknowledged", res)
+		}
+		for _, r := range runs {
+			r.End()
+		}
+	})
+}
