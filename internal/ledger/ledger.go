@@ -551,9 +551,10 @@ var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 // statement took, so that it takes at most half the core while requests
 // wait (4.2-4.5 ms against 19-21 ms with no pause; a yield or a short sleep
 // did not help: the woken writer went first again). A statement writes at
-// most sqliteStatementRows rows, bound as one JSON text (sqlite.go): a row
-// costs ~40 µs of CPU that way, and one statement of 64 rows ~2.5 ms, about
-// a statement's worth of the earlier 16-row INSERTs (BENCHMARKS.md §17).
+// most sqliteStatementRows rows, bound as one JSON text (sqlite.go): ~60 µs
+// of the process's CPU per row in all, against ~105 µs as 16-row INSERTs
+// with a parameter per column (BENCHMARKS.md §17; 32 rows a statement cost
+// the same as 64).
 // When the writer falls behind (its queue half full) it stops pausing: rows
 // must not pile up without bound.
 const sqliteStatementRows = 64
@@ -633,8 +634,17 @@ func chunks(n, max int) int {
 	return c
 }
 
-func (p *plan) statements(max int) int {
-	return chunks(len(p.inserts), max) + chunks(len(p.upserts), max) + len(p.updates)
+// pieces is the number of statements inPieces makes of n rows (SQLite).
+func pieces(n, max int) int { return (n + max - 1) / max }
+
+// statements is the number of statements that write the plan: rows cut by
+// inPieces on SQLite (sqlite), by inChunks elsewhere.
+func (p *plan) statements(max int, sqlite bool) int {
+	count := chunks
+	if sqlite {
+		count = pieces
+	}
+	return count(len(p.inserts), max) + count(len(p.upserts), max) + len(p.updates)
 }
 
 // write commits one batch, and the deferred Begins that have fallen due (all
@@ -793,7 +803,7 @@ func rowErr(err error, failed map[string]error, id string) error {
 // single statement (which is atomic by itself): a batch of pending rows
 // only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
-	if p.statements(l.maxRows) <= 1 && !p.final() {
+	if p.statements(l.maxRows, l.sqlite) <= 1 && !p.final() {
 		return l.exec(l.db, p, false)
 	}
 	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p, true) })
