@@ -804,9 +804,9 @@ func rowErr(err error, failed map[string]error, id string) error {
 // only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
 	if p.statements(l.maxRows, l.sqlite) <= 1 && !p.final() {
-		return l.exec(l.db, p, false)
+		return l.exec(l.db, p)
 	}
-	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p, true) })
+	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
 }
 
 // commitAlone commits the plan of one row that failed in its batch; if it
@@ -826,7 +826,7 @@ func (l *Ledger) commitAlone(p *plan) error {
 	return nil
 }
 
-func (l *Ledger) exec(tx *gorm.DB, p *plan, inTx bool) error {
+func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 	var r *models.Rollup
 	if p.final() {
 		r = models.NewRollup()
@@ -858,13 +858,9 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan, inTx bool) error {
 	if l.sqlite {
 		// One statement per chunk whatever its size (sqlite.go).
 		cut = inPieces
-		query := sqliteInsert
-		if inTx {
-			query = sqliteInsertFail
-		}
 		insert = func(rows []models.Usage) (err error) {
 			step()
-			_, l.jsonBuf, err = sqliteWrite(tx, query, rows, l.jsonBuf)
+			_, l.jsonBuf, err = sqliteWrite(tx, sqliteInsert, rows, l.jsonBuf)
 			return err
 		}
 		upsert = func(rows []models.Usage) error {

@@ -15,21 +15,16 @@ import (
 // On SQLite, rows are written as one JSON array bound to a single
 // statement (INSERT … SELECT … FROM json_each(?)), not as a multi-row
 // INSERT with a parameter per column. The driver prepares every statement
-// anew, and the program of a 16-row INSERT of 25 columns needs ~50 KiB of
+// anew, and the program of a 16-row INSERT of 22 columns needs ~50 KiB of
 // registers: modernc's allocator maps that with mmap and gives it back
 // with munmap, four system calls and a dozen page faults per statement, and
-// binding 400 parameters costs more than the rows' B-tree work. Measured
-// with BenchmarkRecord: 185 µs of CPU per row as a multi-row INSERT, of
-// which 55 % was mmap/munmap; see BENCHMARKS.md §17 for the JSON path.
-//
-// Inside a transaction the insert is INSERT OR FAIL: with the default
-// (ABORT) a statement that writes several rows keeps a statement journal
-// to undo itself, which modernc's SQLite allocates and frees in 1 KiB
-// chunks per page it touches (a third of the CPU). The ledger rolls the
-// whole transaction back on any error, so FAIL's keeping of the rows
-// before a failing one is never seen. Outside a transaction (one statement
-// of pending rows) the statement stays ABORT, which undoes itself without a
-// journal as it is its own transaction.
+// binding 350 parameters costs more than the rows' B-tree work. Measured
+// with BenchmarkRecord: ~105 µs of CPU per row as 16-row INSERTs, half of
+// it in the kernel, against ~60 µs this way (BENCHMARKS.md §17). SQLite
+// still keeps a statement journal for these statements inside a
+// transaction (a function call may fail midway), whose 1 KiB chunks are
+// freed when the statement ends: models.keepAllocatorPages keeps the pages
+// they come from mapped.
 
 // sqliteColumns are the usages columns in the order appendUsageJSON writes
 // them; TestSQLiteColumnsMatchSchema keeps it equal to gorm's.
@@ -42,8 +37,7 @@ var sqliteColumns = []string{"inference_id", "created_at", "finished_at", "user_
 const sqliteTimeFormat = "2006-01-02 15:04:05.999999999-07:00"
 
 var (
-	sqliteInsert       = sqliteInsertSQL("")
-	sqliteInsertFail   = sqliteInsertSQL("OR FAIL ")
+	sqliteInsert       = "INSERT INTO usages" + sqliteSelect()
 	sqliteUpsertFinish = sqliteUpsertSQL()
 )
 
@@ -67,15 +61,11 @@ func sqliteSelect() string {
 	return b.String()
 }
 
-func sqliteInsertSQL(modifier string) string {
-	return "INSERT " + modifier + "INTO usages" + sqliteSelect()
-}
-
 // sqliteUpsertSQL finishes pending rows (upsertFinal): WHERE true tells
 // SQLite's parser that ON CONFLICT belongs to the INSERT, not to a join.
 func sqliteUpsertSQL() string {
 	var b strings.Builder
-	b.WriteString("INSERT OR FAIL INTO usages" + sqliteSelect() + " WHERE true ON CONFLICT (inference_id) DO UPDATE SET ")
+	b.WriteString("INSERT INTO usages" + sqliteSelect() + " WHERE true ON CONFLICT (inference_id) DO UPDATE SET ")
 	for i, c := range finalColumns {
 		if i > 0 {
 			b.WriteString(", ")

@@ -89,7 +89,7 @@ func TestSQLiteJSONStoresWhatGormStores(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := db.Transaction(func(tx *gorm.DB) error {
-				_, _, err := sqliteWrite(tx, sqliteInsertFail, []models.Usage{got}, nil)
+				_, _, err := sqliteWrite(tx, sqliteInsert, []models.Usage{got}, nil)
 				return err
 			})
 			if err != nil {
