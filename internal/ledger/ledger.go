@@ -461,7 +461,7 @@ func (l *Ledger) writeBatch(batch []op, final bool) {
 // lower a priority.
 type slowCommits struct {
 	until    atomic.Int64 // unix nanoseconds; 0: not slow
-	bypassed atomic.Int64 // batches written around the committer, for tests and logs
+	bypassed atomic.Int64 // batches written around the committer (tests read it)
 }
 
 const (
