@@ -441,23 +441,27 @@ func (s *Service) stopArrived(id string) {
 
 // subscribed runs after every (re)subscription. Stops published while this
 // replica was not subscribed were lost on the channel but their keys remain,
-// so check the keys of every running inference once, in one pipeline.
+// so check the keys of every running inference once, in one pipeline. The
+// runs are those of the moment the subscription was confirmed: a run begun
+// after it hears its stops on the channel (and Begin checks its own key),
+// so it is not checked again — before, a check that started late took in
+// runs begun meanwhile, a Redis command each.
 func (s *Service) subscribed() {
 	if s.keys == nil {
 		return
 	}
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.runs))
+	for id := range s.runs {
+		if !s.holder.Stopped(id) {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
 	s.goBackground(func() {
-		s.mu.Lock()
-		ids := make([]string, 0, len(s.runs))
-		for id := range s.runs {
-			if !s.holder.Stopped(id) {
-				ids = append(ids, id)
-			}
-		}
-		s.mu.Unlock()
-		if len(ids) == 0 {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CheckTimeout)
 		defer cancel()
 		found, err := s.keys.StoppedIDs(ctx, ids)
