@@ -15,10 +15,10 @@ import (
 // On SQLite, rows are written as one JSON array bound to a single
 // statement (INSERT … SELECT … FROM json_each(?)), not as a multi-row
 // INSERT with a parameter per column. The driver prepares every statement
-// anew, and the program of a 16-row INSERT of 22 columns needs ~50 KiB of
-// registers: modernc's allocator maps that with mmap and gives it back
-// with munmap, four system calls and a dozen page faults per statement, and
-// binding 350 parameters costs more than the rows' B-tree work. Measured
+// anew, and even a 4-row INSERT of 22 columns needs ~50 KiB of memory
+// cells: modernc's allocator maps that with mmap and gives it back with
+// munmap, four system calls and a dozen page faults per statement, and
+// binding hundreds of parameters costs more than the rows' B-tree work. Measured
 // with BenchmarkRecord: ~105 µs of CPU per row as 16-row INSERTs, half of
 // it in the kernel, against ~60 µs this way (BENCHMARKS.md §17). SQLite
 // still keeps a statement journal for these statements inside a
