@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"log/slog"
@@ -260,22 +261,53 @@ func (c *freezableConn) Close() error {
 // pipelined ones one by one.
 type commandCounter struct {
 	n atomic.Int64
+	// renewals and others split n: the commands that ran the renewal
+	// script (EVALSHA, or EVAL after NOSCRIPT), and the rest. Each command
+	// adds to exactly one of them, so reading them never splits a command.
+	renewals, others atomic.Int64
+	lastOther        atomic.Pointer[string] // the last other command, for failure messages
 }
 
 func (cc *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (cc *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		cc.n.Add(1)
+		cc.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 
 func (cc *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		cc.n.Add(int64(len(cmds)))
+		for _, cmd := range cmds {
+			cc.count(cmd)
+		}
 		return next(ctx, cmds)
 	}
+}
+
+func (cc *commandCounter) count(cmd redis.Cmder) {
+	cc.n.Add(1)
+	if cc.isRenewal(cmd) {
+		cc.renewals.Add(1)
+	} else {
+		cc.others.Add(1)
+		name := cmd.Name()
+		cc.lastOther.Store(&name)
+	}
+}
+
+func (cc *commandCounter) isRenewal(cmd redis.Cmder) bool {
+	if args := cmd.Args(); len(args) > 1 {
+		name, _ := args[0].(string)
+		body, _ := args[1].(string)
+		if strings.EqualFold(name, "eval") {
+			sum := sha1.Sum([]byte(body))
+			body = hex.EncodeToString(sum[:])
+		}
+		return (strings.EqualFold(name, "evalsha") || strings.EqualFold(name, "eval")) && body == renewScript.Hash()
+	}
+	return false
 }
 
 // replica is one gateway replica in a test: its own client and store.
