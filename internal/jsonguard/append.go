@@ -5,8 +5,10 @@ import "unicode/utf8"
 // AppendString appends s as a JSON string: quotes, backslashes and control
 // characters escaped, and each byte of invalid UTF-8 as U+FFFD, as
 // encoding/json does, so that the output is valid JSON whatever s holds.
-// It is for the places that write JSON by appending to a byte slice (the
-// Responses translation, the SQLite ledger's rows).
+// Unlike encoding/json it leaves <, > and & as they are: its output goes
+// into API responses and rows, never into HTML. It is for the places that
+// write JSON by appending to a byte slice (the Responses translation, the
+// closing chunks of a stream cut short, the SQLite ledger's rows).
 func AppendString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')

@@ -1,6 +1,10 @@
 package proxy
 
-import "strconv"
+import (
+	"strconv"
+
+	"moonji/internal/jsonguard"
+)
 
 // The closing bytes the gateway writes itself when a stream ends early, for
 // each kind of stream: a stopped stream must still end the way its SDK
@@ -42,9 +46,9 @@ func ErrorFrames(api API, seq int64, message, typ, code string) []byte {
 	b = append(b, "event: error\ndata: {\"type\":\"error\",\"sequence_number\":"...)
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, `,"code":`...)
-	b = appendJSONString(b, code)
+	b = jsonguard.AppendString(b, code)
 	b = append(b, `,"message":`...)
-	b = appendJSONString(b, message)
+	b = jsonguard.AppendString(b, message)
 	b = append(b, `,"param":null}`+"\n\n"...)
 	return b
 }
@@ -66,25 +70,25 @@ func ResponseEnd(seq int64, typ, id, model string, created int64, reason string,
 	b = append(b, "event: "...)
 	b = append(b, typ...)
 	b = append(b, "\ndata: {\"type\":"...)
-	b = appendJSONString(b, typ)
+	b = jsonguard.AppendString(b, typ)
 	b = append(b, `,"sequence_number":`...)
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, `,"response":{"id":`...)
-	b = appendJSONString(b, id)
+	b = jsonguard.AppendString(b, id)
 	b = append(b, `,"object":"response","created_at":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"status":`...)
-	b = appendJSONString(b, status)
+	b = jsonguard.AppendString(b, status)
 	b = append(b, `,"incomplete_details":`...)
 	if status == "incomplete" {
 		b = append(b, `{"reason":`...)
-		b = appendJSONString(b, reason)
+		b = jsonguard.AppendString(b, reason)
 		b = append(b, '}')
 	} else {
 		b = append(b, "null"...)
 	}
 	b = append(b, `,"error":null,"model":`...)
-	b = appendJSONString(b, model)
+	b = jsonguard.AppendString(b, model)
 	b = append(b, `,"output":[],"usage":{"input_tokens":`...)
 	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
 	b = append(b, `,"input_tokens_details":{"cached_tokens":0},"output_tokens":`...)
@@ -100,11 +104,11 @@ func ResponseEnd(seq int64, typ, id, model string, created int64, reason string,
 func ResponseCreated(id, model string, created int64) []byte {
 	b := make([]byte, 0, 256)
 	b = append(b, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":"...)
-	b = appendJSONString(b, id)
+	b = jsonguard.AppendString(b, id)
 	b = append(b, `,"object":"response","created_at":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"status":"in_progress","incomplete_details":null,"error":null,"model":`...)
-	b = appendJSONString(b, model)
+	b = jsonguard.AppendString(b, model)
 	b = append(b, `,"output":[],"usage":null}}`+"\n\n"...)
 	return b
 }
@@ -113,13 +117,13 @@ func ResponseCreated(id, model string, created int64) []byte {
 func usageChunk(object, id, model string, created int64, u Usage) []byte {
 	b := make([]byte, 0, 256)
 	b = append(b, `data: {"id":`...)
-	b = appendJSONString(b, id)
+	b = jsonguard.AppendString(b, id)
 	b = append(b, `,"object":`...)
-	b = appendJSONString(b, object)
+	b = jsonguard.AppendString(b, object)
 	b = append(b, `,"created":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
+	b = jsonguard.AppendString(b, model)
 	b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
 	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
 	b = append(b, `,"total_tokens":`...)

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
 	"math/bits"
@@ -12,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"moonji/internal/jsonguard"
 )
 
 // Usage is the token count an engine reported.
@@ -552,11 +553,6 @@ func UsageChunk(id, model string, created int64, u Usage) []byte {
 	return usageChunk("chat.completion.chunk", id, model, created, u)
 }
 
-func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
-}
-
 // FinishChunk formats the chunk that closes choices the engine never
 // finished (a stop): an empty delta with finish_reason "stop" for each, with
 // the stream's own id, model and created, so that SDK helpers that assemble
@@ -571,13 +567,13 @@ func FinishChunk(id, model string, created int64, choices []OpenChoice) []byte {
 func finishChunk(object, id, model string, created int64, choices []OpenChoice) []byte {
 	b := make([]byte, 0, 160+80*len(choices))
 	b = append(b, `data: {"id":`...)
-	b = appendJSONString(b, id)
+	b = jsonguard.AppendString(b, id)
 	b = append(b, `,"object":`...)
-	b = appendJSONString(b, object)
+	b = jsonguard.AppendString(b, object)
 	b = append(b, `,"created":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
+	b = jsonguard.AppendString(b, model)
 	b = append(b, `,"choices":[`...)
 	for i, c := range choices {
 		if i > 0 {
@@ -607,11 +603,11 @@ var DoneFrame = []byte("data: [DONE]\n\n")
 func ErrorFrame(message, typ, code string) []byte {
 	b := make([]byte, 0, 128+len(message))
 	b = append(b, `data: {"error":{"message":`...)
-	b = appendJSONString(b, message)
+	b = jsonguard.AppendString(b, message)
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, typ)
+	b = jsonguard.AppendString(b, typ)
 	b = append(b, `,"param":null,"code":`...)
-	b = appendJSONString(b, code)
+	b = jsonguard.AppendString(b, code)
 	b = append(b, "}}\n\n"...)
 	return b
 }

@@ -158,9 +158,12 @@ func TestStoppedStreamClosesEveryChoice(t *testing.T) {
 }
 
 func TestFinishChunkIsAValidChunk(t *testing.T) {
-	b := FinishChunk("chatcmpl-\"x\"", "m\u2028", 1795979333, []OpenChoice{{Index: 0, Fresh: true}, {Index: 2}})
+	// The engine chose the id and model: a line break in them must not
+	// end the SSE line, nor other bytes break the JSON.
+	const model = "m\u2028<b>&\n\r\x00\xff"
+	b := FinishChunk("chatcmpl-\"x\"", model, 1795979333, []OpenChoice{{Index: 0, Fresh: true}, {Index: 2}})
 	payload, ok := strings.CutPrefix(string(b), "data: ")
-	if !ok || !strings.HasSuffix(payload, "\n\n") {
+	if !ok || !strings.HasSuffix(payload, "\n\n") || strings.Count(payload, "\n") != 2 || strings.Contains(payload, "\r") {
 		t.Fatalf("not one SSE frame: %q", b)
 	}
 	var c struct {
@@ -177,7 +180,7 @@ func TestFinishChunkIsAValidChunk(t *testing.T) {
 	if err := json.Unmarshal([]byte(payload), &c); err != nil {
 		t.Fatal(err)
 	}
-	if c.ID != `chatcmpl-"x"` || c.Object != "chat.completion.chunk" || c.Created != 1795979333 || c.Model != "m\u2028" ||
+	if c.ID != `chatcmpl-"x"` || c.Object != "chat.completion.chunk" || c.Created != 1795979333 || c.Model != strings.ToValidUTF8(model, "\uFFFD") ||
 		len(c.Choices) != 2 || c.Choices[1].Index != 2 || c.Choices[0].FinishReason != "stop" || c.Choices[0].Delta["role"] != "assistant" ||
 		c.Choices[1].Delta["role"] != nil || c.Choices[1].FinishReason != "stop" {
 		t.Errorf("chunk = %+v", c)
