@@ -442,12 +442,17 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 			many, manyCalls := run(100)
 			t.Logf("Redis for 20 streams: %d round trips and %d server commands with 100 tokens in all, %d and %d with 2,000",
 				fewCalls, few, manyCalls, many)
-			if manyCalls != fewCalls {
+			// A release rides on the replica's next acquire or goes alone or
+			// batched a moment later, as timing falls: the two runs may
+			// differ by up to one round trip per request (20). One per token
+			// would add 1,900.
+			if manyCalls > fewCalls+20 {
 				t.Errorf("round trips grew with the tokens: %d for 100 tokens, %d for 2,000", fewCalls, manyCalls)
 			}
-			// Three per request: the rate limit, the slot's lease and its
-			// release. A /v1 request's id is new, so no stop key is checked
-			// at its start (stop.Service.BeginFresh).
+			// At most three per request: the rate limit, the slot's lease
+			// and its release (often carried by the next acquire). A /v1
+			// request's id is new, so no stop key is checked at its start
+			// (stop.Service.BeginFresh).
 			if manyCalls > 20*3 {
 				t.Errorf("%d round trips to Redis for 20 requests: more than three per request", manyCalls)
 			}

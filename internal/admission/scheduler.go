@@ -53,7 +53,9 @@ type PoolSpec struct {
 // Scheduler then serves from a per-replica share of each limit.
 type Shared interface {
 	Acquire(ctx context.Context, req lease.Request) (int, lease.Lease, error)
-	Release(ctx context.Context, l lease.Lease) error
+	// ReleaseSoon gives a lease back without blocking; failures are the
+	// store's to handle (a lease not given back lapses).
+	ReleaseSoon(l lease.Lease)
 	ClearWait(ctx context.Context, queue string, backends []string) error
 	// LiveReplicas is the number of replicas sharing the limits, as last
 	// seen, for the per-replica share while the store is unreachable.
@@ -122,12 +124,9 @@ type Scheduler struct {
 	checkedAt time.Time // when the degraded store was last asked
 	kick      chan struct{}
 	done      chan struct{}
-	// releases carries leases to give back to the store, off the request's
-	// path: a request's answer need not wait for Redis to hear of its end.
-	releases chan lease.Lease
-	started  bool
-	closed   bool
-	wg       sync.WaitGroup
+	started   bool
+	closed    bool
+	wg        sync.WaitGroup
 }
 
 type backend struct {
@@ -223,7 +222,6 @@ func New(c Config) (*Scheduler, error) {
 	if s.shared != nil {
 		s.kick = make(chan struct{}, 1)
 		s.done = make(chan struct{})
-		s.releases = make(chan lease.Lease, releaseQueue)
 	}
 	return s, nil
 }
@@ -237,9 +235,8 @@ func (s *Scheduler) Start() {
 		return
 	}
 	s.started = true
-	s.wg.Add(2)
+	s.wg.Add(1)
 	go s.pump()
-	go s.releaser()
 }
 
 // Close stops the shared path's goroutine; slots still held are released

@@ -353,6 +353,10 @@ func (f *fakeShared) Release(_ context.Context, l lease.Lease) error {
 	return nil
 }
 
+// ReleaseSoon releases at once; a release that fails is lost, as a lease
+// not given back lapses in the real store.
+func (f *fakeShared) ReleaseSoon(l lease.Lease) { _ = f.Release(context.Background(), l) }
+
 func (f *fakeShared) ClearWait(_ context.Context, queue string, _ []string) error {
 	f.calls.Add(1)
 	if f.down.Load() {

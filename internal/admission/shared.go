@@ -40,55 +40,10 @@ func (s *Scheduler) acquireShared(p *Pool, cands []lease.Backend, arrival, now t
 	return &Slot{p: p, b: b, lease: l, leased: true, acquired: now, waited: time.Since(now)}, true
 }
 
-// releaseQueue bounds the leases waiting to be given back; past it a
-// release is made on the caller's goroutine.
-const releaseQueue = 4096
-
-// giveBack returns a lease to the store: through the releaser when it
-// runs and has room, else at once.
+// giveBack returns a lease to the store without waiting for it: the
+// store sends the release with its next call, or alone shortly after.
 func (s *Scheduler) giveBack(l lease.Lease) {
-	s.mu.Lock()
-	running := s.started && !s.closed
-	s.mu.Unlock()
-	if running {
-		select {
-		case s.releases <- l:
-			return
-		default:
-		}
-	}
-	s.release(l)
-}
-
-func (s *Scheduler) release(l lease.Lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
-	err := s.shared.Release(ctx, l)
-	cancel()
-	if err != nil {
-		// The lease expires by itself: the store no longer renews it.
-		s.log.Warn("shared concurrency limit: release failed; the lease expires on its own", "backend", l.Backend(), "err", err)
-	}
-}
-
-// releaser gives leases back to the store, in the order they were freed;
-// at Close it gives back those still queued.
-func (s *Scheduler) releaser() {
-	defer s.wg.Done()
-	for {
-		select {
-		case l := <-s.releases:
-			s.release(l)
-		case <-s.done:
-			for {
-				select {
-				case l := <-s.releases:
-					s.release(l)
-				default:
-					return
-				}
-			}
-		}
-	}
+	s.shared.ReleaseSoon(l)
 }
 
 // poke wakes the pump without blocking; a wake-up already pending is
@@ -215,7 +170,7 @@ func (s *Scheduler) pumpPool(p *Pool) bool {
 		s.mu.Unlock()
 		// The waiter left (timeout, client gone) while its slot was being
 		// taken: give the slot back.
-		s.release(l)
+		s.giveBack(l)
 	}
 }
 

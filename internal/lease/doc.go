@@ -10,8 +10,11 @@
 // expiry that its holder keeps pushing forward; when a replica dies, its
 // leases lapse within TTL and the slots come back on their own. Renewal is
 // per replica, not per request: one script every TTL/3 extends everything
-// the replica holds, so a request costs one EVALSHA to acquire and one to
-// release, whatever its length, and nothing per token.
+// the replica holds, so a request costs one EVALSHA to acquire and at most
+// one to release, whatever its length, and nothing per token. A release
+// given with ReleaseSoon usually costs none: the replica's next acquire
+// carries it, and only when none comes within a couple of milliseconds is
+// it sent alone (together with any others by then).
 //
 // # Cross-replica FIFO
 //
@@ -54,15 +57,17 @@
 //
 // The scripts:
 //
-//   - acquire: for each candidate, drop expired leases and wait entries,
-//     compute free as above and, among candidates with free > 0, pick the
-//     least loaded relative to Max×Weight, ties broken by a random number
-//     from Go weighted by Weight. On a grant it adds the lease and moves the
-//     queue's wait entry on every candidate to the next request's arrival
-//     (or removes it); on a refusal it sets the entry to this request's
-//     arrival.
-//   - release: ZREM the lease and, if anyone waits on the backend, PUBLISH
-//     its name. An uncontended deployment sends no pub/sub traffic at all.
+//   - acquire: first release the leases given back since the last call
+//     (as release does); then, for each candidate, drop expired leases and
+//     wait entries, compute free as above and, among candidates with
+//     free > 0, pick the least loaded relative to Max×Weight, ties broken
+//     by a random number from Go weighted by Weight. On a grant it adds the
+//     lease and moves the queue's wait entry on every candidate to the next
+//     request's arrival (or removes it); on a refusal it sets the entry to
+//     this request's arrival.
+//   - release: for each lease, ZREM it and, if anyone waits on the
+//     backend, PUBLISH its name. An uncontended deployment sends no
+//     pub/sub traffic at all.
 //   - renew (every TTL/3, one call for all backends): refresh the replica's
 //     liveness and count the live replicas, then extend the leases and wait
 //     entries this store holds, only where they still exist (a lease that

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -516,8 +517,112 @@ func expectReleased(t *testing.T, r *replica, want string) {
 	}
 }
 
+// TestReleaseSoon checks the release that does not wait for Redis: the
+// next Acquire carries it (no command of its own), or it is sent alone
+// after the linger, several in one command; at once when someone waited for
+// its backend recently; with the leave at Close; and when the Acquire that
+// carried it got no answer, the next renewal deletes it.
+func TestReleaseSoon(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		count := func(t *testing.T, backend string) int {
+			t.Helper()
+			n, err := be.admin.ZCard(testCtx(t), be.prefix+"lease:"+backend).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return int(n)
+		}
+
+		// Carried by the next Acquire: one command for both.
+		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
+		_, l1 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
+		sent0 := r.counter.n.Load()
+		r.store.ReleaseSoon(l1)
+		_, l2 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
+		if sent := r.counter.n.Load() - sent0; sent != 1 {
+			t.Errorf("ReleaseSoon then Acquire sent %d commands, want 1", sent)
+		}
+		if n := count(t, "gpu"); n != 1 {
+			t.Errorf("%d leases on gpu after the Acquire that carried a release, want 1", n)
+		}
+		r.store.ReleaseSoon(l1) // released already: nothing to send
+		mustRelease(t, r, l2)
+
+		// Sent alone after the linger, five in one command.
+		q := newReplica(t, be, "q", replicaConfig{ttl: 30 * time.Second, linger: 50 * time.Millisecond})
+		var held []Lease
+		for range 5 {
+			_, l := mustAcquire(t, q, Request{Queue: "p", Candidates: one("npu", 10)})
+			held = append(held, l)
+		}
+		sent0 = q.counter.n.Load()
+		for _, l := range held {
+			q.store.ReleaseSoon(l)
+		}
+		if !eventually(2*time.Second, func() bool { return count(t, "npu") == 0 }) {
+			t.Fatalf("%d leases on npu 2s after ReleaseSoon with a 50ms linger", count(t, "npu"))
+		}
+		if sent := q.counter.n.Load() - sent0; sent != 1 {
+			t.Errorf("five ReleaseSoon calls sent %d commands, want 1", sent)
+		}
+
+		// At once when someone waited for the backend a moment ago. Two
+		// slots on tpu, both r's, and w waits.
+		w := newReplica(t, be, "w", replicaConfig{ttl: 30 * time.Second})
+		_, t1 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
+		_, t2 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
+		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i >= 0 {
+			t.Fatal("w got a slot of a full backend")
+		}
+		drain(r.released)
+		r.store.ReleaseSoon(t1) // nobody known to wait: it lingers (an hour)
+		time.Sleep(100 * time.Millisecond)
+		if n := count(t, "tpu"); n != 2 {
+			t.Fatalf("%d leases on tpu 100ms after a lingering ReleaseSoon, want 2", n)
+		}
+		if err := r.store.Flush(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		expectReleased(t, r, "tpu") // w waits: the release was announced
+		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i != 0 {
+			t.Fatal("w refused the slot r gave back")
+		}
+		r.store.ReleaseSoon(t2)
+		if !eventually(time.Second, func() bool { return count(t, "tpu") == 1 }) {
+			t.Errorf("a release of a backend someone just waited for was not sent at once (%d leases, want 1)", count(t, "tpu"))
+		}
+
+		// The Acquire carrying a release gets no answer: the release
+		// becomes an orphan for the next renewal.
+		_, l3 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
+		r.store.ReleaseSoon(l3)
+		r.gate.cut()
+		if _, _, err := r.store.Acquire(testCtx(t), Request{Queue: "p", Candidates: one("gpu", 10)}); err == nil {
+			t.Fatal("Acquire succeeded while cut off from Redis")
+		}
+		r.gate.heal()
+		r.store.mu.Lock()
+		orphaned := slices.ContainsFunc(r.store.orphans["gpu"], func(o orphan) bool { return o.member == l3.member })
+		r.store.mu.Unlock()
+		if !orphaned {
+			t.Error("the release an Acquire without answer carried is not left to the next renewal")
+		}
+
+		// Close sends what still lingers.
+		c := newReplica(t, be, "c", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
+		_, l4 := mustAcquire(t, c, Request{Queue: "p", Candidates: one("fpga", 10)})
+		c.store.ReleaseSoon(l4)
+		if err := c.store.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, "fpga"); n != 0 {
+			t.Errorf("%d leases on fpga after Close with a release lingering, want 0", n)
+		}
+	})
+}
+
 // TestCommandCount checks that a request costs one command to acquire and
-// one to release, and that holding leases costs one command per renewal
+// one to release (Release; ReleaseSoon usually costs none, TestReleaseSoon), and that holding leases costs one command per renewal
 // interval for the whole replica, not one per lease.
 func TestCommandCount(t *testing.T) {
 	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {

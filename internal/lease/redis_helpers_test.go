@@ -326,6 +326,8 @@ type replicaConfig struct {
 	client func(*redis.Options)
 	// noStart leaves Start to the test.
 	noStart bool
+	// linger, if set, replaces releaseLinger.
+	linger time.Duration
 	// onReleased, if set, is called by OnReleased besides the released
 	// channel.
 	onReleased func(string)
@@ -346,6 +348,7 @@ func newReplica(tb testing.TB, be *backend, name string, cfg replicaConfig) *rep
 		Prefix:  be.prefix,
 		Replica: name,
 		TTL:     cfg.ttl,
+		linger:  cfg.linger,
 		Log:     testLogger(tb).With("replica", name),
 		OnReleased: func(b string) {
 			if cfg.onReleased != nil {

@@ -33,6 +33,17 @@ local function keep(k, ms)
   end
 end
 
+-- release gives back the lease member of lk and, if anyone waits in wk,
+-- tells the replicas that a slot on backend name was freed. It returns 1 if
+-- the lease was still there.
+local function release(lk, wk, member, ch, name)
+  local removed = redis.call('ZREM', lk, member)
+  if removed > 0 and redis.call('ZCARD', wk) > 0 then
+    redis.call('PUBLISH', ch, name)
+  end
+  return removed
+end
+
 -- waiters reports whether anyone other than member waits in wk.
 local function waiters(wk, member)
   local n = redis.call('ZCARD', wk)
@@ -43,12 +54,15 @@ local function waiters(wk, member)
 end
 `
 
-// acquireScript takes a slot on one of the candidates.
+// acquireScript first gives back the leases released since the last call
+// (Store.ReleaseSoon), then takes a slot on one of the candidates.
 //
-// KEYS: per candidate i: lease, wait, waitexp.
+// KEYS: per candidate i: lease, wait, waitexp; then per lease given back:
+// lease, wait.
 // ARGV: 1 wait member, 2 lease member, 3 arrival ms, 4 next arrival ms or
-// "0", 5 TTL ms, 6 random number in [0,1), 7 channel, then per candidate:
-// name, max, weight.
+// "0", 5 TTL ms, 6 random number in [0,1), 7 channel, 8 number of leases
+// given back (m), then per candidate: name, max, weight; then per lease
+// given back: member, backend name.
 // Returns the 1-based index of the granted candidate, or 0.
 var acquireScript = newScript(luaPrelude + `
 local me, lid = ARGV[1], ARGV[2]
@@ -57,8 +71,13 @@ local nxt = ARGV[4]
 local ttl = tonumber(ARGV[5])
 local r = tonumber(ARGV[6])
 local ch = ARGV[7]
-local n = #KEYS / 3
+local m = tonumber(ARGV[8])
+local n = (#KEYS - 2*m) / 3
 local exp = now + ttl
+
+for j = 1, m do
+  release(KEYS[3*n + 2*j - 1], KEYS[3*n + 2*j], ARGV[8 + 3*n + 2*j - 1], ch, ARGV[8 + 3*n + 2*j])
+end
 
 local freed = {}   -- candidate i freed capacity that others may wait for
 local had = {}     -- our wait entry's arrival before this call, or false
@@ -75,8 +94,8 @@ for i = 1, n do
   if had[i] and had[i] < arrival then
     ahead = ahead - 1
   end
-  local max = tonumber(ARGV[7 + 3*i - 1])
-  local w = tonumber(ARGV[7 + 3*i])
+  local max = tonumber(ARGV[8 + 3*i - 1])
+  local w = tonumber(ARGV[8 + 3*i])
   if max - held - ahead > 0 then
     local load = held / (max * w)
     if bestLoad == nil or load < bestLoad - 1e-12 then
@@ -92,12 +111,12 @@ local chosen = 0
 if #tied > 0 then
   local sum = 0
   for _, i in ipairs(tied) do
-    sum = sum + tonumber(ARGV[7 + 3*i])
+    sum = sum + tonumber(ARGV[8 + 3*i])
   end
   local x = r * sum
   chosen = tied[#tied]
   for _, i in ipairs(tied) do
-    x = x - tonumber(ARGV[7 + 3*i])
+    x = x - tonumber(ARGV[8 + 3*i])
     if x < 0 then
       chosen = i
       break
@@ -132,20 +151,21 @@ for i = 1, n do
     end
   end
   if freed[i] and waiters(wk, me) then
-    redis.call('PUBLISH', ch, ARGV[7 + 3*i - 2])
+    redis.call('PUBLISH', ch, ARGV[8 + 3*i - 2])
   end
 end
 return chosen
 `)
 
-// releaseScript gives a lease back.
+// releaseScript gives leases back.
 //
-// KEYS: lease, wait. ARGV: lease member, channel, backend name.
-// Returns 1 if the lease was still there.
-var releaseScript = newScript(`
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if removed > 0 and redis.call('ZCARD', KEYS[2]) > 0 then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+// KEYS: per lease: lease, wait. ARGV: 1 channel, then per lease: member,
+// backend name.
+// Returns how many of the leases were still there.
+var releaseScript = newScript(luaPrelude + `
+local removed = 0
+for j = 1, #KEYS / 2 do
+  removed = removed + release(KEYS[2*j-1], KEYS[2*j], ARGV[2*j], ARGV[1], ARGV[2*j+1])
 end
 return removed
 `)

@@ -53,6 +53,8 @@ type Options struct {
 	// replicas try again at once. Releases nobody waits for publish
 	// nothing. It must be fast and must not block.
 	OnReleased func(backend string)
+
+	linger time.Duration // tests lengthen releaseLinger
 }
 
 // Backend is one candidate for a request.
@@ -127,15 +129,22 @@ type Store struct {
 	leases  map[string]map[string]struct{}  // backend → members held
 	waits   map[string]map[string]waitState // backend → queue → entry
 	orphans map[string][]orphan             // backend → members to delete
-	gen     uint64
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
-	ps      *redis.PubSub
-	wg      sync.WaitGroup
+	// giveBack holds the leases released by ReleaseSoon that no call has
+	// sent yet; awaited records when a release of each backend was last
+	// announced (someone waited for it).
+	giveBack []Lease
+	awaited  map[string]time.Time
+	gen      uint64
+	started  bool
+	closed   bool
+	cancel   context.CancelFunc
+	ps       *redis.PubSub
+	wg       sync.WaitGroup
 
 	renewedOnce chan struct{} // closed after the first successful renewal
 	subscribed  chan struct{} // closed once the subscription is confirmed
+	flushSoon   chan struct{} // wakes the flusher to send giveBack after releaseLinger
+	flushNow    chan struct{} // wakes the flusher to send giveBack at once
 	done        chan struct{} // closed by stop, so that Start does not wait for ever
 	lastErr     atomic.Pointer[error]
 }
@@ -157,6 +166,9 @@ func New(rdb redis.UniversalClient, o Options) *Store {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	if o.linger <= 0 {
+		o.linger = releaseLinger
+	}
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])
 	s := &Store{
@@ -168,7 +180,10 @@ func New(rdb redis.UniversalClient, o Options) *Store {
 		leases:      map[string]map[string]struct{}{},
 		waits:       map[string]map[string]waitState{},
 		orphans:     map[string][]orphan{},
+		awaited:     map[string]time.Time{},
 		renewedOnce: make(chan struct{}),
+		flushSoon:   make(chan struct{}, 1),
+		flushNow:    make(chan struct{}, 1),
 		subscribed:  make(chan struct{}),
 		done:        make(chan struct{}),
 	}
@@ -219,10 +234,11 @@ func (s *Store) Start(ctx context.Context) error {
 		return ErrClosed
 	}
 	s.ps = ps
-	s.wg.Add(2)
+	s.wg.Add(3)
 	s.mu.Unlock()
 	go s.renewLoop(loopCtx)
 	go s.receive(loopCtx)
+	go s.flusher(loopCtx)
 
 	for _, ch := range []chan struct{}{s.renewedOnce, s.subscribed} {
 		select {
@@ -271,10 +287,16 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 		next = strconv.FormatInt(max(req.Next.UnixMilli(), 1), 10)
 	}
 	member := s.memberID + strconv.FormatUint(s.seq.Add(1), 10)
-	keys := make([]string, 0, 3*n)
-	args := make([]any, 0, 7+3*n)
+	// The leases released since the last call go with this one: a release
+	// costs no round trip of its own while requests keep coming.
+	s.mu.Lock()
+	back := s.giveBack
+	s.giveBack = nil
+	s.mu.Unlock()
+	keys := make([]string, 0, 3*n+2*len(back))
+	args := make([]any, 0, 8+3*n+2*len(back))
 	args = append(args, s.waitMember(req.Queue), member, arrival.UnixMilli(), next,
-		s.o.TTL.Milliseconds(), mrand.Float64(), s.channel)
+		s.o.TTL.Milliseconds(), mrand.Float64(), s.channel, len(back))
 	for _, b := range req.Candidates {
 		keys = append(keys, s.leaseKey(b.Name), s.waitKey(b.Name), s.waitExpKey(b.Name))
 		w := b.Weight
@@ -283,15 +305,20 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 		}
 		args = append(args, b.Name, max(b.Max, 1), w)
 	}
+	for _, l := range back {
+		keys = append(keys, s.leaseKey(l.backend), s.waitKey(l.backend))
+		args = append(args, l.member, l.backend)
+	}
 	chosen, err := acquireScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err != nil {
+		s.mu.Lock()
 		if !isServerError(err) {
-			s.mu.Lock()
 			for _, b := range req.Candidates {
 				s.orphanLocked(b.Name, member)
 			}
-			s.mu.Unlock()
 		}
+		s.orphanAllLocked(back)
+		s.mu.Unlock()
 		return -1, Lease{}, fmt.Errorf("lease: acquire for queue %q on %d backends: %w", req.Queue, n, err)
 	}
 	if chosen < 0 || chosen > n {
@@ -333,37 +360,136 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 }
 
 // Release frees the lease (ZREM, and a notification on the store's channel
-// if anyone waits for the backend) and stops renewing it. It is safe to
-// call twice; the second call and a zero Lease do nothing. If Redis does not
-// answer, the lease is still forgotten here: the next renewal deletes it, or
-// else it lapses within TTL.
+// if anyone waits for the backend) and stops renewing it, in one call that
+// also sends the leases ReleaseSoon still holds. It is safe to call twice;
+// the second call and a zero Lease do nothing. If Redis does not answer,
+// the lease is still forgotten here: the next renewal deletes it, or else
+// it lapses within TTL.
 func (s *Store) Release(ctx context.Context, l Lease) error {
-	if l.IsZero() {
-		return nil
+	s.forget(l)
+	return s.Flush(ctx)
+}
+
+// ReleaseSoon frees the lease like Release, without waiting for Redis: the
+// next Acquire carries the release, or, when none comes within
+// releaseLinger, the store sends it alone (at once if another request was
+// recently waiting for the backend, since it may be waiting still). On a
+// store that is not running it is Release with a timeout of TTL/3.
+func (s *Store) ReleaseSoon(l Lease) {
+	s.mu.Lock()
+	running := s.started && !s.closed
+	s.mu.Unlock()
+	if !running {
+		ctx, cancel := context.WithTimeout(context.Background(), s.o.TTL/3)
+		defer cancel()
+		if err := s.Release(ctx, l); err != nil {
+			s.log.Warn("lease release failed; it lapses within the TTL", "backend", l.backend, "err", err)
+		}
+		return
+	}
+	if !s.forget(l) {
+		return
 	}
 	s.mu.Lock()
+	awaited := time.Since(s.awaited[l.backend]) < awaitedFor
+	s.mu.Unlock()
+	wake := s.flushSoon
+	if awaited {
+		wake = s.flushNow
+	}
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
+
+// releaseLinger is how long a lease released with ReleaseSoon may wait for
+// an Acquire to carry it before it is sent alone: at a few hundred requests
+// a second most releases ride along, and a freed slot reaches another
+// replica's waiters at most this late. awaitedFor is how long after a
+// notification that someone waited for a backend its releases are sent at
+// once instead.
+const (
+	releaseLinger = 2 * time.Millisecond
+	awaitedFor    = time.Second
+)
+
+// forget stops renewing l and queues its release for the next call; it
+// reports false when l is zero or not held (released already).
+func (s *Store) forget(l Lease) bool {
+	if l.IsZero() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	m := s.leases[l.backend]
 	if _, ok := m[l.member]; !ok {
-		s.mu.Unlock()
-		return nil
+		return false
 	}
 	delete(m, l.member)
 	if len(m) == 0 {
 		delete(s.leases, l.backend)
 	}
-	s.mu.Unlock()
+	s.giveBack = append(s.giveBack, l)
+	return true
+}
 
-	err := releaseScript.Run(ctx, s.rdb, []string{s.leaseKey(l.backend), s.waitKey(l.backend)},
-		l.member, s.channel, l.backend).Err()
-	if err != nil {
-		if !isServerError(err) {
-			s.mu.Lock()
-			s.orphanLocked(l.backend, l.member)
-			s.mu.Unlock()
+// Flush sends the releases that no call has carried yet, in one call. If
+// Redis does not answer they are left to the next renewal, which deletes
+// them.
+func (s *Store) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	back := s.giveBack
+	s.giveBack = nil
+	s.mu.Unlock()
+	if len(back) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, 2*len(back))
+	args := make([]any, 0, 1+2*len(back))
+	args = append(args, s.channel)
+	for _, l := range back {
+		keys = append(keys, s.leaseKey(l.backend), s.waitKey(l.backend))
+		args = append(args, l.member, l.backend)
+	}
+	if err := releaseScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		s.mu.Lock()
+		s.orphanAllLocked(back)
+		s.mu.Unlock()
+		if len(back) == 1 {
+			return fmt.Errorf("lease: release on %q: %w", back[0].backend, err)
 		}
-		return fmt.Errorf("lease: release on %q: %w", l.backend, err)
+		return fmt.Errorf("lease: release %d leases: %w", len(back), err)
 	}
 	return nil
+}
+
+// flusher sends the releases of ReleaseSoon that no Acquire carried.
+func (s *Store) flusher(ctx context.Context) {
+	defer s.wg.Done()
+	linger := time.NewTimer(s.o.linger)
+	linger.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return // Close sends what is left
+		case <-s.flushNow:
+		case <-s.flushSoon:
+			linger.Reset(s.o.linger)
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.flushNow:
+				linger.Stop()
+			case <-linger.C:
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, s.o.TTL/3)
+		if err := s.Flush(fctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("lease release failed; the next renewal deletes the leases", "err", err)
+		}
+		cancel()
+	}
 }
 
 // ClearWait removes queue's wait entries on backends, for when the local
@@ -426,6 +552,8 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.mu.Lock()
+	s.orphanAllLocked(s.giveBack) // the leave deletes them with the rest
+	s.giveBack = nil
 	keys, args, _ := s.snapshotLocked(time.Now(), false)
 	s.leases = map[string]map[string]struct{}{}
 	s.waits = map[string]map[string]waitState{}
@@ -483,6 +611,16 @@ func (s *Store) forgetWaitLocked(backend, queue string) {
 // orphanLocked queues member for deletion by the next renewal.
 func (s *Store) orphanLocked(backend, member string) {
 	s.orphans[backend] = append(s.orphans[backend], orphan{member: member, at: time.Now()})
+}
+
+// orphanAllLocked queues leases whose release got no answer for deletion
+// by the next renewal. (After an error from Redis itself too: a script
+// that failed may have released some of them, and deleting a lease twice
+// is harmless.)
+func (s *Store) orphanAllLocked(ls []Lease) {
+	for _, l := range ls {
+		s.orphanLocked(l.backend, l.member)
+	}
 }
 
 // renewItem is one lease or wait entry sent for renewal, in the order the

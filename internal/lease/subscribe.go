@@ -78,7 +78,18 @@ func (s *Store) receive(ctx context.Context) {
 				s.log.Info("lease notifications restored", "channel", s.channel)
 			}
 		case *redis.Message:
-			if s.o.OnReleased != nil && m.Channel == s.channel {
+			if m.Channel != s.channel {
+				continue
+			}
+			s.mu.Lock()
+			if len(s.awaited) >= maxAwaited {
+				// Names come from the channel, not from the configuration:
+				// whatever publishes there cannot grow the map for ever.
+				clear(s.awaited)
+			}
+			s.awaited[m.Payload] = time.Now()
+			s.mu.Unlock()
+			if s.o.OnReleased != nil {
 				s.o.OnReleased(m.Payload)
 			}
 		case *redis.Pong:
@@ -103,6 +114,9 @@ func (s *Store) replacePubSub(ctx context.Context) {
 	s.mu.Unlock()
 	_ = old.Close()
 }
+
+// maxAwaited bounds Store.awaited, which holds one entry per backend.
+const maxAwaited = 1024
 
 func isTimeout(err error) bool {
 	var ne net.Error
