@@ -377,9 +377,8 @@ func (s *Store) Release(ctx context.Context, l Lease) error {
 // store that is not running it is Release with a timeout of TTL/3.
 func (s *Store) ReleaseSoon(l Lease) {
 	s.mu.Lock()
-	running := s.started && !s.closed
-	s.mu.Unlock()
-	if !running {
+	if !s.started || s.closed {
+		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), s.o.TTL/3)
 		defer cancel()
 		if err := s.Release(ctx, l); err != nil {
@@ -387,12 +386,12 @@ func (s *Store) ReleaseSoon(l Lease) {
 		}
 		return
 	}
-	if !s.forget(l) {
-		return
-	}
-	s.mu.Lock()
+	held := s.forgetLocked(l)
 	awaited := time.Since(s.awaited[l.backend]) < awaitedFor
 	s.mu.Unlock()
+	if !held {
+		return
+	}
 	wake := s.flushSoon
 	if awaited {
 		wake = s.flushNow
@@ -414,14 +413,19 @@ const (
 	awaitedFor    = time.Second
 )
 
-// forget stops renewing l and queues its release for the next call; it
-// reports false when l is zero or not held (released already).
-func (s *Store) forget(l Lease) bool {
+// forget stops renewing l and queues its release for the next call.
+func (s *Store) forget(l Lease) {
+	s.mu.Lock()
+	s.forgetLocked(l)
+	s.mu.Unlock()
+}
+
+// forgetLocked is forget; it reports false when l is zero or not held
+// (released already).
+func (s *Store) forgetLocked(l Lease) bool {
 	if l.IsZero() {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	m := s.leases[l.backend]
 	if _, ok := m[l.member]; !ok {
 		return false
