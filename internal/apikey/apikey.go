@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"gorm.io/gorm"
 
 	"moonji/models"
@@ -106,6 +107,9 @@ func Create(ctx context.Context, db *gorm.DB, userID uint, name string, expires 
 // revoke made outside this process (CLI, another replica) takes to be seen.
 const DefaultCacheTTL = 5 * time.Second
 
+// lookupTimeout bounds one look-up of a key in the database.
+const lookupTimeout = 10 * time.Second
+
 // maxCached bounds the cache. Only keys that exist and are active get in,
 // so the bound is a guard, not something an attacker can reach.
 const maxCached = 10_000
@@ -124,6 +128,12 @@ type Store struct {
 	lastUsed map[uint]time.Time
 	stop     chan struct{}
 	done     chan struct{}
+
+	// lookups lets the requests that miss the cache for the same key at the
+	// same time share one query: when a busy key's entry expires, the
+	// requests arriving during its look-up would otherwise each query the
+	// database, and a slow moment of the database would queue them all.
+	lookups singleflight.Group
 
 	cmu   sync.RWMutex
 	ttl   time.Duration
@@ -169,7 +179,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 		key = &k
 	} else {
 		var err error
-		key, err = models.APIKeyByHash(ctx, s.db, hash)
+		key, err = s.lookup(ctx, hash)
 		if errors.Is(err, models.ErrNotFound) {
 			return nil, ErrUnknown
 		}
@@ -198,6 +208,23 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 	s.lastUsed[key.ID] = now.UTC()
 	s.mu.Unlock()
 	return key, nil
+}
+
+// lookup reads the key of hash from the database, once for all the
+// callers asking for it at the same time; each gets its own copy. The query
+// does not end when the caller that started it leaves, since the others
+// wait on it too; lookupTimeout bounds it instead.
+func (s *Store) lookup(ctx context.Context, hash string) (*models.APIKey, error) {
+	v, err, _ := s.lookups.Do(hash, func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+		defer cancel()
+		return models.APIKeyByHash(ctx, s.db, hash)
+	})
+	if err != nil {
+		return nil, err
+	}
+	k := *v.(*models.APIKey)
+	return &k, nil
 }
 
 // remember caches an active key, unless a Forget came after the look-up

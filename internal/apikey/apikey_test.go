@@ -3,7 +3,9 @@ package apikey
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,6 +179,46 @@ func TestCache(t *testing.T) {
 	store.cmu.RUnlock()
 	if n > 1 {
 		t.Errorf("%d cache entries after 100 unknown keys; only active keys may be cached", n)
+	}
+}
+
+// Requests that miss the cache for the same key at the same time share one
+// query: a busy key's expiry must not send a query per request.
+func TestConcurrentMissesShareOneQuery(t *testing.T) {
+	ctx := context.Background()
+	db, store, uid := openStore(t)
+	secret, _, err := Create(ctx, db, uid, "busy", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyQueries atomic.Int64
+	db.Callback().Query().Before("gorm:query").Register("slow", func(tx *gorm.DB) {
+		if tx.Statement.Table == "api_keys" {
+			keyQueries.Add(1)
+			time.Sleep(100 * time.Millisecond) // a slow moment of the database
+		}
+	})
+	const n = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			k, err := store.Authenticate(ctx, secret)
+			if err == nil && k.UserID != uid {
+				err = fmt.Errorf("key of user %d, want %d", k.UserID, uid)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q := keyQueries.Load(); q != 1 {
+		t.Errorf("%d queries of api_keys for %d simultaneous look-ups of one key, want 1", q, n)
 	}
 }
 
