@@ -179,7 +179,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 		key = &k
 	} else {
 		var err error
-		key, err = s.lookup(ctx, hash)
+		key, gen, err = s.lookup(ctx, hash)
 		if errors.Is(err, models.ErrNotFound) {
 			return nil, ErrUnknown
 		}
@@ -211,20 +211,31 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 }
 
 // lookup reads the key of hash from the database, once for all the
-// callers asking for it at the same time; each gets its own copy. The query
-// does not end when the caller that started it leaves, since the others
-// wait on it too; lookupTimeout bounds it instead.
-func (s *Store) lookup(ctx context.Context, hash string) (*models.APIKey, error) {
+// callers asking for it at the same time; each gets its own copy, and the
+// cache generation of when the query began (a caller that joined after a
+// Forget must not cache a row read before it). The query does not end when
+// the caller that started it leaves, since the others wait on it too;
+// lookupTimeout bounds it instead.
+func (s *Store) lookup(ctx context.Context, hash string) (*models.APIKey, uint64, error) {
+	type found struct {
+		key *models.APIKey
+		gen uint64
+	}
 	v, err, _ := s.lookups.Do(hash, func() (any, error) {
+		s.cmu.RLock()
+		gen := s.gen
+		s.cmu.RUnlock()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
 		defer cancel()
-		return models.APIKeyByHash(ctx, s.db, hash)
+		key, err := models.APIKeyByHash(ctx, s.db, hash)
+		return found{key, gen}, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	k := *v.(*models.APIKey)
-	return &k, nil
+	f := v.(found)
+	k := *f.key
+	return &k, f.gen, nil
 }
 
 // remember caches an active key, unless a Forget came after the look-up

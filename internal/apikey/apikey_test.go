@@ -222,6 +222,33 @@ func TestConcurrentMissesShareOneQuery(t *testing.T) {
 	}
 }
 
+// A caller that joins a shared look-up after a Forget must not cache the
+// row, which the query may have read before the Forget.
+func TestForgetDuringSharedLookup(t *testing.T) {
+	ctx := context.Background()
+	db, store, uid := openStore(t)
+	secret, key, _ := Create(ctx, db, uid, "racy", 0, 0)
+	started := make(chan struct{}, 1)
+	db.Callback().Query().Before("gorm:query").Register("slow", func(tx *gorm.DB) {
+		if tx.Statement.Table == "api_keys" {
+			started <- struct{}{}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = store.Authenticate(ctx, secret) }) // starts the query
+	<-started
+	store.Forget(key.ID)                                     // a revoke lands while the query runs
+	wg.Go(func() { _, _ = store.Authenticate(ctx, secret) }) // joins it
+	wg.Wait()
+	store.cmu.RLock()
+	_, cached := store.cache[Hash(secret)]
+	store.cmu.RUnlock()
+	if cached {
+		t.Error("a shared look-up begun before a Forget was cached by a caller that joined after it")
+	}
+}
+
 // A look-up that read the row before a Forget must not put it back.
 func TestForgetDuringLookup(t *testing.T) {
 	ctx := context.Background()
