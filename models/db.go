@@ -59,6 +59,9 @@ func Open(dbURL string) (*gorm.DB, error) {
 		dsn += sep + "_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)"
 		keepAllocatorPages()
 		db, err = gorm.Open(sqlite.Open(dsn), gcfg)
+		if err == nil {
+			err = lendWhileQuerying(db)
+		}
 	case "postgres":
 		db, err = gorm.Open(postgres.Open(dsn), gcfg)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"moonji/internal/spareproc"
 )
 
 // Outcomes of a request in the usage ledger.
@@ -262,6 +264,10 @@ func EachUsageOf(ctx context.Context, db *gorm.DB, since time.Time, userID uint,
 	if userID != 0 {
 		q = q.Where("user_id = ?", userID)
 	}
+	// Reading the rows one by one runs SQLite outside gorm's callbacks
+	// (lendWhileQuerying), for as long as the export takes.
+	spareproc.Lend()
+	defer spareproc.Return()
 	rows, err := q.Order("created_at, inference_id").Rows()
 	if err != nil {
 		return fmt.Errorf("read usage: %w", err)

@@ -2,7 +2,6 @@ package web
 
 import (
 	"os"
-	"runtime"
 	"runtime/debug"
 )
 
@@ -20,21 +19,5 @@ const gcPercent = 400
 func TuneRuntime() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
-	}
-}
-
-// spareProc gives the process at least two Ps, unless the operator set
-// GOMAXPROCS. With the ledger in SQLite, its commits run on a thread of the
-// lowest priority (ledger.committer), which the kernel preempts for request
-// threads on the same core, but only if the requests have a P of their own
-// to run on: with one P, a commit holds it and they wait. At 1,000 req/s on
-// one core the p99 fell from 6-8 ms to 3-4 ms (BENCHMARKS.md §16), at about
-// the same CPU. It is set even when there are two CPUs already: Go lowers
-// GOMAXPROCS by itself when the process is later confined to one (taskset,
-// a cgroup limit) unless it was set explicitly — which also ends that
-// automatic adjustment for this process.
-func spareProc() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(2, runtime.GOMAXPROCS(0)))
 	}
 }

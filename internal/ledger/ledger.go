@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"moonji/internal/spareproc"
 	"moonji/models"
 )
 
@@ -124,9 +125,18 @@ const (
 	checkpointEvery = time.Second
 )
 
+// checkpoints asks for a checkpoint when one is due. The checkpoint itself
+// runs on a thread of the lowest priority, like the committer's batches
+// (checkpointer), and this goroutine, at normal priority, wakes that thread
+// only once it has lent the process a second P (spareproc): with one P, the
+// woken low-priority thread would hold it, and every request wait for a
+// thread the kernel runs last.
 func (l *Ledger) checkpoints() {
 	defer l.wg.Done()
-	background()
+	ask, done := make(chan struct{}), make(chan struct{})
+	defer close(ask)
+	l.wg.Add(1)
+	go l.checkpointer(ask, done)
 	t := time.NewTicker(checkpointEvery)
 	defer t.Stop()
 	for {
@@ -136,9 +146,22 @@ func (l *Ledger) checkpoints() {
 		case <-t.C:
 		case <-l.kickCkpt:
 		}
+		spareproc.Lend()
+		ask <- struct{}{}
+		<-done
+		spareproc.Return()
+	}
+}
+
+// checkpointer copies the WAL back when checkpoints asks it to.
+func (l *Ledger) checkpointer(ask <-chan struct{}, done chan<- struct{}) {
+	defer l.wg.Done()
+	background()
+	for range ask {
 		if err := l.db.Exec("PRAGMA wal_checkpoint(PASSIVE)").Error; err != nil {
 			l.log.Warn("sqlite checkpoint", "err", err)
 		}
+		done <- struct{}{}
 	}
 }
 
@@ -431,7 +454,13 @@ type batchWrite struct {
 // until it is written (the batch's slice is reused), unless the writer is
 // behind or the committer was starved (slowCommits), when it writes at once
 // at normal priority.
+//
+// The process has a second P meanwhile (spareproc), so that requests keep
+// running beside SQLite on a one-core machine: lent here, on the writer's
+// goroutine at normal priority, before the committer's thread is woken.
 func (l *Ledger) writeBatch(batch []op, final bool) {
+	spareproc.Lend()
+	defer spareproc.Return()
 	switch {
 	case l.commits == nil, len(l.ops) > cap(l.ops)/4:
 	case l.slow.active(time.Now()):
@@ -492,7 +521,7 @@ func (s *slowCommits) active(now time.Time) bool {
 // a one-core gateway the requests that arrived meanwhile waited behind it:
 // that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At nice 19 the
 // kernel runs the request threads first; the process keeps a second P for
-// them (web.spareProc). Only whole batches cross to this goroutine: a
+// them while it writes (spareproc, lent by writeBatch). Only whole batches cross to this goroutine: a
 // locked thread pays a thread switch on every wake-up, too much for each
 // row the writer gathers. A writer that falls behind (its queue a quarter
 // full) writes at normal priority instead, so that a saturated core cannot

@@ -2,11 +2,19 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"gorm.io/gorm"
+
+	"moonji/internal/spareproc"
+	"moonji/internal/testcpu"
 )
 
 // TestSQLiteCommitterRunsAtLowPriority: on SQLite, batches are written by
@@ -126,4 +134,94 @@ func TestStarvedCommitterIsBypassed(t *testing.T) {
 			t.Errorf("row %s not written", id)
 		}
 	}
+}
+
+// TestSQLiteWorkHasASpareP: in a process confined to one CPU, the
+// committer's batches and the checkpoints run on their low-priority thread
+// only once the process has a second P for requests (spareproc), lent
+// before that thread was woken; the P is given back afterwards.
+func TestSQLiteWorkHasASpareP(t *testing.T) {
+	if !testcpu.OnOne(t) {
+		return
+	}
+	spareproc.Enable()
+	l := open(t)
+	type seen struct {
+		checkpoint  bool
+		procs, nice int
+	}
+	var mu sync.Mutex
+	var statements []seen
+	// Wraps the statement's own Lend (models.lendWhileQuerying) to see
+	// the process as the statement began.
+	raw := l.db.Callback().Raw()
+	lend := raw.Get("moonji:lend_proc")
+	if lend == nil {
+		t.Fatal("no moonji:lend_proc callback on SQLite")
+	}
+	// (Before("*") again: a replacement without it would sort before the
+	// original and lose to it.)
+	if err := raw.Before("*").Replace("moonji:lend_proc", func(db *gorm.DB) {
+		mu.Lock()
+		statements = append(statements, seen{strings.Contains(db.Statement.SQL.String(), "wal_checkpoint"), runtime.GOMAXPROCS(0), threadNice(t)})
+		mu.Unlock()
+		lend(db)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	count := func() (batches, checkpoints int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range statements {
+			switch {
+			case s.nice != 19:
+			case s.checkpoint:
+				checkpoints++
+			default:
+				batches++
+			}
+		}
+		return
+	}
+	for i := range 3 {
+		testcpu.WaitForOneP(t) // so that only the writer itself can have lent it
+		l.Record(row(fmt.Sprintf("spare-p-%d", i)))
+		if err := l.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second) // checkpoints come every second
+	for {
+		b, c := count()
+		if b > 0 && c > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("in 5 s, %d statements of batches and %d checkpoints ran at nice 19: %+v", b, c, statements)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	for _, s := range statements {
+		if s.nice == 19 && s.procs != 2 {
+			t.Errorf("a statement at nice 19 began with GOMAXPROCS %d: %+v", s.procs, statements)
+			break
+		}
+	}
+	mu.Unlock()
+	testcpu.WaitForOneP(t)
+}
+
+
+// threadNice is the nice value of the calling thread.
+func threadNice(t *testing.T) int {
+	b, err := os.ReadFile("/proc/thread-self/stat")
+	if err != nil {
+		t.Errorf("read the thread's priority: %v", err)
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	nice, _ := strconv.Atoi(fields[16])
+	return nice
 }
