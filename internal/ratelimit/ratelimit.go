@@ -4,8 +4,10 @@
 // With Redis configured the limits hold across all gateway replicas: the
 // state is kept in Redis by github.com/go-redis/redis_rate (GCRA, one Lua
 // script per decision, so concurrent replicas cannot both take the last
-// unit). Without Redis, or while Redis is unreachable, an in-memory GCRA
-// with the same arithmetic answers instead, per replica.
+// unit). A busy key's requests are taken from Redis in small runs, which
+// the replica then hands out without a round trip (quota.go). Without
+// Redis, or while Redis is unreachable, an in-memory GCRA with the same
+// arithmetic answers instead, per replica.
 //
 // Tokens are limited by reservation: ReserveTokens takes an estimate out of
 // the budget atomically at admission, and Reservation.Reconcile charges the
@@ -91,6 +93,8 @@ type Limiter struct {
 	fallbackDiv  int
 	onDegraded   func(bool)
 	log          *slog.Logger
+	runs         *runs // busy keys' runs of requests (quota.go); nil without Redis
+	now          func() time.Time
 	degraded     atomic.Bool
 	mu           sync.Mutex // guards closedFlag against a probe starting during Close
 	closedFlag   bool
@@ -129,9 +133,11 @@ func New(o Options) *Limiter {
 		onDegraded:  o.OnDegraded,
 		log:         o.Logger,
 		closed:      make(chan struct{}),
+		now:         o.now,
 	}
 	if o.Redis != nil {
 		l.shared = newRedisStore(o.Redis)
+		l.runs = newRuns(l.giveBackRun)
 	}
 	return l
 }
@@ -160,9 +166,27 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 		return Decision{Allowed: true}, nil
 	}
 	k := l.prefix + "req:" + key
-	res, _, rate, err := l.run(ctx, lim.RequestsPerMinute, func(ctx context.Context, s store, rate int) (result, error) {
+	n := 1
+	if l.runs != nil && !l.degraded.Load() {
+		if err := ctx.Err(); err != nil {
+			return Decision{}, err
+		}
+		var d Decision
+		var served bool
+		if d, served, n = l.runs.next(k, lim.RequestsPerMinute, l.now()); served {
+			return d, nil
+		}
+	}
+	res, st, rate, err := l.run(ctx, lim.RequestsPerMinute, func(ctx context.Context, s store, rate int) (result, error) {
+		if n > 1 && s == l.shared {
+			return s.allowAtMost(ctx, k, rate, n)
+		}
 		return s.allowN(ctx, k, rate, 1)
 	})
+	if n > 1 {
+		// Whatever the answer, the take is over (runs.next marked it).
+		return l.runs.taken(k, rate, res, err == nil && st == l.shared, l.now()), err
+	}
 	if err != nil {
 		return Decision{}, err
 	}

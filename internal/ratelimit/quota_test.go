@@ -1,0 +1,232 @@
+package ratelimit
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// commandCounter counts the commands a client sends.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// sharedRedis runs f against miniredis and, when configured, a real Redis:
+// newLimiter makes replicas sharing state, whose commands count counts.
+func sharedRedis(t *testing.T, f func(t *testing.T, newLimiter func() *Limiter, count *commandCounter)) {
+	run := func(t *testing.T, opt *redis.Options) {
+		count := &commandCounter{}
+		c := redis.NewClient(opt)
+		if err := c.Ping(context.Background()).Err(); err != nil {
+			t.Fatalf("Redis does not answer: %v", err)
+		}
+		c.AddHook(count)
+		t.Cleanup(func() { _ = c.Close() })
+		prefix := randomPrefix(t)
+		f(t, func() *Limiter {
+			l := New(Options{Redis: c, Prefix: prefix})
+			t.Cleanup(l.Close)
+			return l
+		}, count)
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		run(t, &redis.Options{Addr: miniredis.RunT(t).Addr()})
+	})
+	t.Run("redis", func(t *testing.T) {
+		url := os.Getenv("MOONJI_TEST_REDIS_URL")
+		if url == "" {
+			t.Skip("MOONJI_TEST_REDIS_URL not set")
+		}
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatalf("MOONJI_TEST_REDIS_URL: %v", err)
+		}
+		run(t, opt)
+	})
+}
+
+// TestBusyKeyTakesRuns: a key sending many requests asks Redis for runs
+// of them, not for each one.
+func TestBusyKeyTakesRuns(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 1_000_000}
+		for i := range 1000 {
+			if d := mustAllow(t, l, "busy", lim); !d.Allowed || d.Limit != lim.RequestsPerMinute || d.Remaining <= 0 {
+				t.Fatalf("request %d: %+v", i, d)
+			}
+		}
+		// 1000/64 runs, the ramp up to 64, and a few refunds of what was
+		// left when more than runFor passed.
+		if n := count.n.Load(); n > 100 {
+			t.Fatalf("1000 requests of a busy key sent %d commands to Redis; runs should make it a few dozen", n)
+		}
+	})
+}
+
+// TestSmallLimitAsksEveryTime: a key allowed 100 requests a minute or
+// fewer never takes a run, so its count in Redis is exact at every request.
+func TestSmallLimitAsksEveryTime(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 100}
+		mustAllow(t, l, "warm-up", lim) // loads the script into a fresh Redis
+		before := count.n.Load()
+		for i := range 100 {
+			d := mustAllow(t, l, "small", lim)
+			if want := 100 - 1 - i; !d.Allowed || d.Remaining > want || d.Remaining < want-1 {
+				t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, want)
+			}
+		}
+		if d := mustAllow(t, l, "small", lim); d.Allowed {
+			t.Fatalf("request 101 of 100: %+v", d)
+		}
+		if n := count.n.Load() - before; n != 101 {
+			t.Fatalf("101 requests sent %d commands, want one each", n)
+		}
+	})
+}
+
+// TestRunsNeverExceedTheLimit: replicas taking runs of one key at the same
+// time admit no more than its limit (plus what refills meanwhile).
+func TestRunsNeverExceedTheLimit(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		const rpm = 6000 // runs of up to 60
+		lim := Limit{RequestsPerMinute: rpm}
+		replicas := []*Limiter{newLimiter(), newLimiter(), newLimiter()}
+		var admitted, attempts atomic.Int64
+		hammer := func(each int) {
+			var wg sync.WaitGroup
+			for _, l := range replicas {
+				for range 4 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range each {
+							attempts.Add(1)
+							d, err := l.AllowRequest(context.Background(), "shared", lim)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Allowed {
+								admitted.Add(1)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+		}
+		start := time.Now()
+		hammer(400) // 4,800 requests: all fit
+		if got := admitted.Load(); got != attempts.Load() {
+			t.Fatalf("admitted %d of %d requests, all within the limit of %d", got, attempts.Load(), rpm)
+		}
+		if n := count.n.Load(); n > attempts.Load()/4 {
+			t.Fatalf("%d requests sent %d commands: runs should have saved most", attempts.Load(), n)
+		}
+		hammer(200) // 2,400 more: the limit is reached
+		elapsed := time.Since(start)
+		refill := int64(elapsed.Seconds()*rpm/60) + 2
+		if got := admitted.Load(); got > rpm+refill {
+			t.Fatalf("admitted %d of %d requests in %v: the limit is %d (+%d refilled)", got, attempts.Load(), elapsed, rpm, refill)
+		}
+		// At most the three replicas' last runs are still held.
+		if got := admitted.Load(); got < rpm-3*maxRun {
+			t.Fatalf("admitted only %d of %d requests: the limit is %d", got, attempts.Load(), rpm)
+		}
+	})
+}
+
+// TestRunLeftoversGoBack: what a replica did not use of its last run goes
+// back to Redis runFor later, for the other replicas.
+func TestRunLeftoversGoBack(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		const rpm = 6000
+		lim := Limit{RequestsPerMinute: rpm}
+		l := newLimiter()
+		for range 200 {
+			mustAllow(t, l, "k", lim)
+		}
+		k := l.prefix + "req:k"
+		sh := l.runs.shard(k)
+		sh.mu.Lock()
+		left := sh.keys[k].left
+		sh.mu.Unlock()
+		if left == 0 {
+			t.Fatal("the last run was used up exactly: nothing to give back, the test proves nothing")
+		}
+		time.Sleep(runFor + 100*time.Millisecond)
+		// A replica of its own (no run yet: it asks Redis) sees the
+		// bucket with the leftovers back: 200 used, and its own.
+		d := mustAllow(t, newLimiter(), "k", lim)
+		if want := rpm - 201; d.Remaining < want-1 {
+			t.Fatalf("after the run expired: remaining %d, want at least %d (%d were left of the run)", d.Remaining, want-1, left)
+		}
+	})
+}
+
+// TestRunsFallBackWhenRedisIsDown: with Redis gone, a busy key is served
+// from memory, and served from runs again once Redis is back.
+func TestRunsFallBackWhenRedisIsDown(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, DialTimeout: 100 * time.Millisecond,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}})
+	t.Cleanup(func() { _ = c.Close() })
+	l := New(Options{Redis: c, Prefix: randomPrefix(t), ProbeInterval: 20 * time.Millisecond})
+	t.Cleanup(l.Close)
+	lim := Limit{RequestsPerMinute: 1_000_000}
+	for range 100 {
+		mustAllow(t, l, "k", lim)
+	}
+	m.Close()
+	time.Sleep(runFor + 50*time.Millisecond) // the run expires; its refund fails
+	for i := range 50 {
+		if d := mustAllow(t, l, "k", lim); !d.Allowed {
+			t.Fatalf("request %d with Redis down: %+v", i, d)
+		}
+	}
+	if !l.Degraded() {
+		t.Fatal("Redis is down but the limiter is not degraded")
+	}
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Degraded() {
+		if time.Now().After(deadline) {
+			t.Fatal("the limiter did not notice Redis was back")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range 100 {
+		if d := mustAllow(t, l, "k", lim); !d.Allowed {
+			t.Fatalf("request %d with Redis back: %+v", i, d)
+		}
+	}
+}
