@@ -14,7 +14,11 @@
 // one to release, whatever its length, and nothing per token. A release
 // given with ReleaseSoon usually costs none: the replica's next acquire
 // carries it, and only when none comes within a couple of milliseconds is
-// it sent alone (together with any others by then).
+// it sent alone (together with any others by then). A request that nobody
+// on its replica waits ahead of costs none either when a slot of its
+// backend was released there a moment ago and nobody waits for the
+// backend anywhere: the lease passes from the one request to the next
+// (Store.handOver), still held in Redis and renewed as before.
 //
 // # Cross-replica FIFO
 //
@@ -45,7 +49,8 @@
 //	P lease-wait:<backend>     sorted set: member "<replica>/<queue>", score = arrival of the queue's head (ms, replica clock)
 //	P lease-waitexp:<backend>  sorted set: same members, score = expiry of the wait entry (ms, Redis clock)
 //	P lease-replicas           sorted set: member = replica, score = expiry of its liveness (ms, Redis clock)
-//	P lease-released           pub/sub channel: payload = backend name
+//	P lease-released           pub/sub channel: payload = backend name (a slot freed that someone waits for)
+//	P lease-released:waiting   pub/sub channel: payload = backend name (a refused request now waits for it)
 //
 // Every script reads the time with Redis TIME, so replica clock skew cannot
 // shorten or lengthen a lease; only arrivals (an ordering, not a duration)
@@ -64,10 +69,13 @@
 //     by a random number from Go weighted by Weight. On a grant it adds the
 //     lease and moves the queue's wait entry on every candidate to the next
 //     request's arrival (or removes it); on a refusal it sets the entry to
-//     this request's arrival.
+//     this request's arrival and announces the backend on the waiting
+//     channel, so that no replica hands a slot of it from one of its own
+//     requests to the next while someone waits.
 //   - release: for each lease, ZREM it and, if anyone waits on the
 //     backend, PUBLISH its name. An uncontended deployment sends no
-//     pub/sub traffic at all.
+//     pub/sub traffic at all: both channels carry only what someone
+//     waits for.
 //   - renew (every TTL/3, one call for all backends): refresh the replica's
 //     liveness and count the live replicas, then extend the leases and wait
 //     entries this store holds, only where they still exist (a lease that

@@ -566,22 +566,21 @@ func TestReleaseSoon(t *testing.T) {
 			t.Errorf("five ReleaseSoon calls sent %d commands, want 1", sent)
 		}
 
-		// At once when someone waited for the backend a moment ago. Two
-		// slots on tpu, both r's, and w waits.
+		// At once when someone waits for the backend: a refusal is
+		// announced. Two slots on tpu, both r's, and w waits.
 		w := newReplica(t, be, "w", replicaConfig{ttl: 30 * time.Second})
 		_, t1 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
 		_, t2 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
 		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i >= 0 {
 			t.Fatal("w got a slot of a full backend")
 		}
-		drain(r.released)
-		r.store.ReleaseSoon(t1) // nobody known to wait: it lingers (an hour)
-		time.Sleep(100 * time.Millisecond)
-		if n := count(t, "tpu"); n != 2 {
-			t.Fatalf("%d leases on tpu 100ms after a lingering ReleaseSoon, want 2", n)
+		if !eventually(2*time.Second, func() bool { return r.store.awaitedRecently("tpu") }) {
+			t.Fatal("r did not learn that w waits for tpu")
 		}
-		if err := r.store.Flush(testCtx(t)); err != nil {
-			t.Fatal(err)
+		drain(r.released)
+		r.store.ReleaseSoon(t1) // lingers an hour unless someone waits
+		if !eventually(time.Second, func() bool { return count(t, "tpu") == 1 }) {
+			t.Fatalf("a release of a backend someone waits for was not sent at once (%d leases, want 1)", count(t, "tpu"))
 		}
 		expectReleased(t, r, "tpu") // w waits: the release was announced
 		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i != 0 {
@@ -617,6 +616,75 @@ func TestReleaseSoon(t *testing.T) {
 		}
 		if n := count(t, "fpga"); n != 0 {
 			t.Errorf("%d leases on fpga after Close with a release lingering, want 0", n)
+		}
+	})
+}
+
+// TestHandOver: a slot released a moment ago passes to the next fresh
+// request for its backend without a round trip, unless someone waits for
+// the backend.
+func TestHandOver(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
+		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
+		_, l1 := mustAcquire(t, r, fresh)
+		r.store.ReleaseSoon(l1)
+		sent0 := r.counter.n.Load()
+		i, l2 := mustAcquire(t, r, fresh)
+		if sent := r.counter.n.Load() - sent0; sent != 0 || i != 0 || l2 != l1 {
+			t.Fatalf("fresh Acquire after ReleaseSoon: %d commands, candidate %d, lease %v (released %v); want the same lease with none", sent, i, l2, l1)
+		}
+		if n := count(t, r, "gpu"); n != 1 {
+			t.Fatalf("%d leases on gpu after a hand-over, want 1", n)
+		}
+		if got := r.store.Held("gpu"); got != 1 {
+			t.Fatalf("the store holds %d leases on gpu after a hand-over, want 1 (renewed)", got)
+		}
+		// Not to a request of a local queue, nor for other backends.
+		r.store.ReleaseSoon(l2)
+		if i, l := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)}); i != 0 || l == l2 {
+			t.Fatalf("a queued request was handed the released lease: %v", l)
+		} else {
+			mustRelease(t, r, l)
+		}
+		_, l3 := mustAcquire(t, r, fresh)
+		r.store.ReleaseSoon(l3)
+		if _, l := mustAcquire(t, r, Request{Queue: "q", Candidates: one("npu", 10), Fresh: true}); l == l3 {
+			t.Fatal("a request for npu was handed a lease on gpu")
+		} else {
+			mustRelease(t, r, l)
+		}
+		if err := r.store.Flush(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, r, "gpu"); n != 0 {
+			t.Fatalf("%d leases on gpu after all were released, want 0", n)
+		}
+
+		// Someone waits: the freed slot is theirs. Both slots of tpu are
+		// r's, w waits, and r's newer request must not take a slot.
+		w := newReplica(t, be, "w", replicaConfig{ttl: 30 * time.Second})
+		tpu := Request{Queue: "p", Candidates: one("tpu", 2), Fresh: true}
+		_, a := mustAcquire(t, r, tpu)
+		mustAcquire(t, r, tpu)
+		// Arrivals are compared in milliseconds: w came well before.
+		waiting := Request{Queue: "p", Candidates: one("tpu", 2), Arrival: time.Now().Add(-time.Second)}
+		if i, _ := mustAcquire(t, w, waiting); i >= 0 {
+			t.Fatal("w got a slot of a full backend")
+		}
+		if !eventually(2*time.Second, func() bool { return r.store.awaitedRecently("tpu") }) {
+			t.Fatal("r did not learn that w waits for tpu")
+		}
+		handed := r.store.handedOver.Load()
+		r.store.ReleaseSoon(a)
+		if i, l := mustAcquire(t, r, tpu); i >= 0 {
+			t.Fatalf("r's newer request took the slot w waits for (lease %v, released %v)", l, a)
+		}
+		if r.store.handedOver.Load() != handed {
+			t.Fatal("a lease was handed over while someone waited")
+		}
+		if i, _ := mustAcquire(t, w, waiting); i != 0 { // its own arrival: first in line
+			t.Fatal("w did not get the slot r gave back")
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,6 +87,11 @@ type Request struct {
 	// Next is the arrival of the request behind this one in the same
 	// local queue, or zero if there is none.
 	Next time.Time
+	// Fresh tells that no request waits ahead of this one on this replica
+	// (it is not served from a local queue, which has wait entries for the
+	// script to move). A fresh request may be handed a lease this store
+	// released a moment ago instead of asking Redis (see Acquire).
+	Fresh bool
 }
 
 // Lease is one slot held on a backend. The zero Lease holds nothing.
@@ -116,14 +122,21 @@ type orphan struct {
 // Store holds concurrency slots as leases in Redis. It is safe for
 // concurrent use.
 type Store struct {
-	rdb      redis.UniversalClient
-	o        Options
-	log      *slog.Logger
-	channel  string
-	memberID string // "<replica>|<nonce>|", the start of every lease member
-	seq      atomic.Uint64
-	live     atomic.Int64
-	renewals atomic.Int64 // renewal calls sent, for the command-count test
+	rdb     redis.UniversalClient
+	o       Options
+	log     *slog.Logger
+	channel string
+	// waitChannel carries the names of backends that a refused request
+	// now waits for (acquireScript), so that no replica hands over a
+	// slot of theirs (handOver).
+	waitChannel string
+	memberID    string // "<replica>|<nonce>|", the start of every lease member
+	seq         atomic.Uint64
+	live        atomic.Int64
+	renewals    atomic.Int64 // renewal calls sent, for the command-count test
+	// handedOver counts leases passed from one request to the next
+	// without a round trip (handOver).
+	handedOver atomic.Int64
 
 	mu      sync.Mutex
 	leases  map[string]map[string]struct{}  // backend → members held
@@ -176,6 +189,7 @@ func New(rdb redis.UniversalClient, o Options) *Store {
 		o:           o,
 		log:         o.Log.With("component", "lease", "replica", o.Replica),
 		channel:     o.Prefix + "lease-released",
+		waitChannel: o.Prefix + "lease-released" + waitingSuffix,
 		memberID:    o.Replica + "|" + hex.EncodeToString(nonce[:]) + "|",
 		leases:      map[string]map[string]struct{}{},
 		waits:       map[string]map[string]waitState{},
@@ -226,7 +240,7 @@ func (s *Store) Start(ctx context.Context) error {
 	// Outside the lock: with Redis down this dials for a while. go-redis
 	// records the channel even when this first attempt fails and
 	// subscribes again on every reconnection.
-	ps := s.rdb.Subscribe(loopCtx, s.channel)
+	ps := s.rdb.Subscribe(loopCtx, s.channel, s.waitChannel)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -262,7 +276,9 @@ func (s *Store) Start(ctx context.Context) error {
 // among candidates with a free slot it picks the least loaded relative to
 // Max×Weight, ties broken at random in proportion to Weight. On a grant the
 // queue's wait entries move to req.Next (or go when Next is zero); on a
-// refusal they are set to req.Arrival.
+// refusal they are set to req.Arrival. A Fresh request may instead be
+// handed, with no round trip, a lease of one of its candidates that
+// ReleaseSoon let go of a moment ago (handOver).
 //
 // It returns the index into req.Candidates of the granted backend and its
 // lease, or -1 and the zero Lease when no candidate is free. The error is
@@ -276,6 +292,11 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 	}
 	if s.isClosed() {
 		return -1, Lease{}, ErrClosed
+	}
+	if req.Fresh {
+		if i, l, ok := s.handOver(req.Candidates); ok {
+			return i, l, nil
+		}
 	}
 	arrival := req.Arrival
 	if arrival.IsZero() {
@@ -357,6 +378,50 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 	}
 	m[l.member] = struct{}{}
 	return chosen - 1, l, nil
+}
+
+// handOver passes a lease that ReleaseSoon let go of a moment ago, and
+// that no call has sent back yet, to a fresh request for the same backend:
+// the slot stays taken in Redis and changes hands here, with no round trip.
+// At a steady rate of requests most slots go from one request to the next
+// this way. It is not done while anyone may wait for the backend (a
+// release or a refusal of it was announced within awaitedFor, here or on
+// another replica): the freed slot is owed to the oldest waiter, whom only
+// the acquire script can find. The backend is the lease's, not the least
+// loaded of the candidates: a slot just freed on it makes it no more
+// loaded than when that request took it.
+func (s *Store) handOver(cands []Backend) (int, Lease, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return -1, Lease{}, false
+	}
+	now := time.Now()
+	for j := len(s.giveBack) - 1; j >= 0; j-- {
+		l := s.giveBack[j]
+		i := slices.IndexFunc(cands, func(b Backend) bool { return b.Name == l.backend })
+		if i < 0 || now.Sub(s.awaited[l.backend]) < awaitedFor {
+			continue
+		}
+		s.giveBack = slices.Delete(s.giveBack, j, j+1)
+		m := s.leases[l.backend]
+		if m == nil {
+			m = map[string]struct{}{}
+			s.leases[l.backend] = m
+		}
+		m[l.member] = struct{}{}
+		s.handedOver.Add(1)
+		return i, l, true
+	}
+	return -1, Lease{}, false
+}
+
+// awaitedRecently reports whether someone waited for backend within
+// awaitedFor, as far as this store heard.
+func (s *Store) awaitedRecently(backend string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(s.awaited[backend]) < awaitedFor
 }
 
 // Release frees the lease (ZREM, and a notification on the store's channel

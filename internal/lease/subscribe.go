@@ -78,7 +78,7 @@ func (s *Store) receive(ctx context.Context) {
 				s.log.Info("lease notifications restored", "channel", s.channel)
 			}
 		case *redis.Message:
-			if m.Channel != s.channel {
+			if m.Channel != s.channel && m.Channel != s.waitChannel {
 				continue
 			}
 			s.mu.Lock()
@@ -89,7 +89,7 @@ func (s *Store) receive(ctx context.Context) {
 			}
 			s.awaited[m.Payload] = time.Now()
 			s.mu.Unlock()
-			if s.o.OnReleased != nil {
+			if m.Channel == s.channel && s.o.OnReleased != nil {
 				s.o.OnReleased(m.Payload)
 			}
 		case *redis.Pong:
@@ -101,7 +101,7 @@ func (s *Store) receive(ctx context.Context) {
 // replacePubSub closes the current subscription and opens a new one on a
 // fresh connection.
 func (s *Store) replacePubSub(ctx context.Context) {
-	ps := s.rdb.Subscribe(ctx, s.channel)
+	ps := s.rdb.Subscribe(ctx, s.channel, s.waitChannel)
 	s.mu.Lock()
 	if s.closed {
 		// stop has closed the current subscription; the new one would leak.

@@ -212,7 +212,6 @@ func TestSQLiteWorkHasASpareP(t *testing.T) {
 	testcpu.WaitForOneP(t)
 }
 
-
 // threadNice is the nice value of the calling thread.
 func threadNice(t *testing.T) int {
 	b, err := os.ReadFile("/proc/thread-self/stat")
