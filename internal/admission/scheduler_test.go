@@ -379,15 +379,25 @@ func (f *fakeShared) Ping(context.Context) error {
 
 // TestSharedLimitHoldsAndQueues: with a shared limit, slots come from the
 // store; waiters are served by the pump when a slot is freed elsewhere.
-func TestSharedLimitHoldsAndQueues(t *testing.T) {
-	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 3}
-	var degraded atomic.Bool
-	s := newSched(t, Config{
-		Backends:   []BackendSpec{{Name: "a", MaxConcurrency: 4}},
-		Pools:      []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 8}},
+// sharedSched is a scheduler with one backend, "a", of max slots and one
+// pool, "a" (pool's other fields as given), whose limit is shared with
+// live replicas through a fake store. degraded follows OnDegraded.
+func sharedSched(t *testing.T, live, max int, pool PoolSpec) (f *fakeShared, s *Scheduler, degraded *atomic.Bool) {
+	t.Helper()
+	f = &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: live}
+	degraded = &atomic.Bool{}
+	pool.Name, pool.Backends = "a", []string{"a"}
+	s = newSched(t, Config{
+		Backends:   []BackendSpec{{Name: "a", MaxConcurrency: max}},
+		Pools:      []PoolSpec{pool},
 		Shared:     f,
 		OnDegraded: degraded.Store,
 	})
+	return f, s, degraded
+}
+
+func TestSharedLimitHoldsAndQueues(t *testing.T) {
+	f, s, degraded := sharedSched(t, 3, 4, PoolSpec{MaxQueue: 8})
 	p := s.Pool("a")
 	// Another replica holds 3 of the 4 slots.
 	f.mu.Lock()
@@ -445,15 +455,7 @@ func TestSharedLimitHoldsAndQueues(t *testing.T) {
 // serves max/live replicas (at least 1), never unlimited, and goes back to
 // the shared limit once the store answers.
 func TestSharedLimitFallsBackToShare(t *testing.T) {
-	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 3}
-	var degraded atomic.Bool
-	s := newSched(t, Config{
-		Backends:   []BackendSpec{{Name: "a", MaxConcurrency: 16}},
-		Pools:      []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 0}},
-		Shared:     f,
-		OnDegraded: degraded.Store,
-		Log:        nil,
-	})
+	f, s, degraded := sharedSched(t, 3, 16, PoolSpec{MaxQueue: 0})
 	p := s.Pool("a")
 	f.down.Store(true)
 	var slots []*Slot
@@ -505,14 +507,7 @@ func TestSharedLimitFallsBackToShare(t *testing.T) {
 // top of them (the engine saw 23 requests at once under a limit of 16).
 func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
 	// Two live replicas: this one's share is 2 of the 4 slots.
-	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 2}
-	var degraded atomic.Bool
-	s := newSched(t, Config{
-		Backends:   []BackendSpec{{Name: "a", MaxConcurrency: 4}},
-		Pools:      []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 8}},
-		Shared:     f,
-		OnDegraded: degraded.Store,
-	})
+	f, s, degraded := sharedSched(t, 2, 4, PoolSpec{MaxQueue: 8})
 	p := s.Pool("a")
 	f.down.Store(true)
 	var unleased []*Slot
@@ -577,12 +572,7 @@ func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
 // answers a ping (a pause, not an outage) does not switch to the
 // per-replica share, whose slots would hold no lease.
 func TestSharedLimitSlowStoreKeepsLimit(t *testing.T) {
-	f := &fakeShared{held: map[string]int{}, waiting: map[string]bool{}, live: 3}
-	s := newSched(t, Config{
-		Backends: []BackendSpec{{Name: "a", MaxConcurrency: 16}},
-		Pools:    []PoolSpec{{Name: "a", Backends: []string{"a"}, MaxQueue: 8, QueueTimeout: 300 * time.Millisecond}},
-		Shared:   f,
-	})
+	f, s, _ := sharedSched(t, 3, 16, PoolSpec{MaxQueue: 8, QueueTimeout: 300 * time.Millisecond})
 	p := s.Pool("a")
 	f.slow.Store(true)
 	_, err := p.Acquire(context.Background(), AcquireOptions{})
