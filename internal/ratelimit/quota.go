@@ -31,8 +31,14 @@ import (
 //
 // The x-ratelimit-remaining header of a request served from a run counts
 // what Redis had left when the run was taken plus what is left of the run.
+//
+// runFor is a second rather than less so that a program sending a few
+// requests a second, one after the other (a chat client streaming one
+// answer after another), also gets runs: each of its requests would
+// otherwise wait on a Redis that, idle between them, is slow to answer
+// (0.4–0.9 ms on a small VM, BENCHMARKS.md §18).
 const (
-	runFor   = 100 * time.Millisecond
+	runFor   = time.Second
 	runShare = 100
 	maxRun   = 64
 )
