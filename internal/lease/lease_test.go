@@ -686,6 +686,16 @@ func TestHandOver(t *testing.T) {
 		if i, _ := mustAcquire(t, w, waiting); i != 0 { // its own arrival: first in line
 			t.Fatal("w did not get the slot r gave back")
 		}
+
+		// A release that lingers when someone starts to wait is sent then.
+		_, x := mustAcquire(t, r, Request{Queue: "p", Candidates: one("xpu", 1), Fresh: true})
+		r.store.ReleaseSoon(x) // nobody waits: it would linger an hour
+		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("xpu", 1)}); i >= 0 {
+			t.Fatal("w got the slot while r's release of it lingered")
+		}
+		if !eventually(2*time.Second, func() bool { return count(t, r, "xpu") == 0 }) {
+			t.Fatal("r's lingering release was not sent when w began to wait")
+		}
 	})
 }
 

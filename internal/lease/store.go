@@ -468,13 +468,16 @@ func (s *Store) ReleaseSoon(l Lease) {
 }
 
 // releaseLinger is how long a lease released with ReleaseSoon may wait for
-// an Acquire to carry it before it is sent alone: at a few hundred requests
-// a second most releases ride along, and a freed slot reaches another
-// replica's waiters at most this late. awaitedFor is how long after a
-// notification that someone waited for a backend its releases are sent at
-// once instead.
+// an Acquire to carry it, or for a request to take it over (handOver),
+// before it is sent alone. At 2 ms, at 1,000 requests a second, a release
+// went alone often enough that 0.58 round trips per request were left
+// (BENCHMARKS.md §19); meanwhile the slot only looks taken to the other
+// replicas, and as soon as anyone waits for the backend (an announcement
+// on either channel) its lingering releases are sent at once. awaitedFor
+// is how long after such an announcement releases of that backend are
+// sent at once and not handed over.
 const (
-	releaseLinger = 2 * time.Millisecond
+	releaseLinger = 20 * time.Millisecond
 	awaitedFor    = time.Second
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -88,7 +89,15 @@ func (s *Store) receive(ctx context.Context) {
 				clear(s.awaited)
 			}
 			s.awaited[m.Payload] = time.Now()
+			// Someone waits: what lingers of that backend goes now.
+			lingering := slices.ContainsFunc(s.giveBack, func(l Lease) bool { return l.backend == m.Payload })
 			s.mu.Unlock()
+			if lingering {
+				select {
+				case s.flushNow <- struct{}{}:
+				default:
+				}
+			}
 			if m.Channel == s.channel && s.o.OnReleased != nil {
 				s.o.OnReleased(m.Payload)
 			}
