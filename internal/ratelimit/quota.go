@@ -142,8 +142,9 @@ func (r *runs) taken(key string, rate int, res result, shared bool, now time.Tim
 	gen := k.gen
 	sh.mu.Unlock()
 	if oldLeft > 0 {
-		// The key's limit changed while a run was left (its old one
-		// expires on its own otherwise, before this take).
+		// What is left of the run this one replaces (its limit changed,
+		// or it ended and its timer has not run yet) goes back now; the
+		// timer finds a newer run and does nothing.
 		r.giveBack(key, oldRate, oldLeft)
 	}
 	time.AfterFunc(runFor, func() { r.expire(key, gen) })
@@ -166,6 +167,29 @@ func (r *runs) expire(key string, gen uint64) {
 	r.giveBack(key, rate, n)
 }
 
+// giveBackAll gives back what is left of every run, for Close.
+func (r *runs) giveBackAll() {
+	type left struct {
+		key     string
+		rate, n int
+	}
+	var all []left
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		for key, k := range sh.keys {
+			if k.left > 0 {
+				all = append(all, left{key, k.rate, k.left})
+				k.left = 0
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, l := range all {
+		r.giveBack(l.key, l.rate, l.n)
+	}
+}
+
 // sweepLocked forgets keys that sent nothing for a minute and hold no run,
 // so that a replica that sees many keys does not grow without bound.
 func (sh *runShard) sweepLocked(now time.Time) {
@@ -184,6 +208,9 @@ func (sh *runShard) sweepLocked(now time.Time) {
 // lost, which errs towards limiting: the key gets them back as its bucket
 // refills.
 func (l *Limiter) giveBackRun(key string, rate, n int) {
+	if l.isClosed() {
+		return // Close gave back what was left; the client may be closed now
+	}
 	res := &Reservation{l: l, key: key, limit: rate, applied: rate, reserved: n, st: l.shared}
 	if err := res.refund(context.Background(), n); err != nil {
 		l.log.Debug("ratelimit: unused requests of a run not given back", "err", err)

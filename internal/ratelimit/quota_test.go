@@ -188,6 +188,37 @@ func TestRunLeftoversGoBack(t *testing.T) {
 	})
 }
 
+// TestCloseGivesBackRuns: a replica that shuts down gives back what is
+// left of its runs at once.
+func TestCloseGivesBackRuns(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		const rpm = 6000
+		lim := Limit{RequestsPerMinute: rpm}
+		l := newLimiter()
+		for range 200 {
+			mustAllow(t, l, "k", lim)
+		}
+		k := l.prefix + "req:k"
+		sh := l.runs.shard(k)
+		sh.mu.Lock()
+		left := sh.keys[k].left
+		sh.mu.Unlock()
+		if left == 0 {
+			t.Fatal("the last run was used up exactly: nothing to give back, the test proves nothing")
+		}
+		l.Close()
+		d := mustAllow(t, newLimiter(), "k", lim)
+		if want := rpm - 201; d.Remaining < want-1 {
+			t.Fatalf("right after Close: remaining %d, want at least %d (%d were left of the run)", d.Remaining, want-1, left)
+		}
+		before := count.n.Load()
+		time.Sleep(runFor + 100*time.Millisecond) // the closed limiter's timer runs and sends nothing
+		if n := count.n.Load() - before; n != 0 {
+			t.Fatalf("a closed limiter sent %d commands when its run's timer ran", n)
+		}
+	})
+}
+
 // TestRunsFallBackWhenRedisIsDown: with Redis gone, a busy key is served
 // from memory, and served from runs again once Redis is back.
 func TestRunsFallBackWhenRedisIsDown(t *testing.T) {

@@ -142,9 +142,13 @@ func New(o Options) *Limiter {
 	return l
 }
 
-// Close stops the background probe, if one is running. It does not close
-// the Redis client, which belongs to the caller.
+// Close gives back what is left of this replica's runs and stops the
+// background probe, if one is running. It does not close the Redis client,
+// which belongs to the caller.
 func (l *Limiter) Close() {
+	if l.runs != nil && !l.isClosed() {
+		l.runs.giveBackAll()
+	}
 	l.mu.Lock()
 	if !l.closedFlag {
 		l.closedFlag = true
@@ -152,6 +156,12 @@ func (l *Limiter) Close() {
 	}
 	l.mu.Unlock()
 	l.probeRunning.Wait()
+}
+
+func (l *Limiter) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closedFlag
 }
 
 // Degraded reports whether Redis is configured but unreachable, so that
