@@ -160,6 +160,24 @@ func TestRunsNeverExceedTheLimit(t *testing.T) {
 	})
 }
 
+// leaveARun sends 200 requests of key "k" through l and returns how many
+// are left of its last run (runs of 1, 2, 4 … 60: some are).
+func leaveARun(t *testing.T, l *Limiter, lim Limit) int {
+	t.Helper()
+	for range 200 {
+		mustAllow(t, l, "k", lim)
+	}
+	k := l.prefix + "req:k"
+	sh := l.runs.shard(k)
+	sh.mu.Lock()
+	left := sh.keys[k].left
+	sh.mu.Unlock()
+	if left == 0 {
+		t.Fatal("the last run was used up exactly: nothing to give back, the test proves nothing")
+	}
+	return left
+}
+
 // TestRunLeftoversGoBack: what a replica did not use of its last run goes
 // back to Redis runFor later, for the other replicas.
 func TestRunLeftoversGoBack(t *testing.T) {
@@ -167,17 +185,7 @@ func TestRunLeftoversGoBack(t *testing.T) {
 		const rpm = 6000
 		lim := Limit{RequestsPerMinute: rpm}
 		l := newLimiter()
-		for range 200 {
-			mustAllow(t, l, "k", lim)
-		}
-		k := l.prefix + "req:k"
-		sh := l.runs.shard(k)
-		sh.mu.Lock()
-		left := sh.keys[k].left
-		sh.mu.Unlock()
-		if left == 0 {
-			t.Fatal("the last run was used up exactly: nothing to give back, the test proves nothing")
-		}
+		left := leaveARun(t, l, lim)
 		time.Sleep(runFor + 100*time.Millisecond)
 		// A replica of its own (no run yet: it asks Redis) sees the
 		// bucket with the leftovers back: 200 used, and its own.
@@ -195,17 +203,7 @@ func TestCloseGivesBackRuns(t *testing.T) {
 		const rpm = 6000
 		lim := Limit{RequestsPerMinute: rpm}
 		l := newLimiter()
-		for range 200 {
-			mustAllow(t, l, "k", lim)
-		}
-		k := l.prefix + "req:k"
-		sh := l.runs.shard(k)
-		sh.mu.Lock()
-		left := sh.keys[k].left
-		sh.mu.Unlock()
-		if left == 0 {
-			t.Fatal("the last run was used up exactly: nothing to give back, the test proves nothing")
-		}
+		left := leaveARun(t, l, lim)
 		l.Close()
 		d := mustAllow(t, newLimiter(), "k", lim)
 		if want := rpm - 201; d.Remaining < want-1 {
