@@ -520,9 +520,9 @@ func (s *slowCommits) active(now time.Time) bool {
 // thread calls it; a batch of a hundred rows is milliseconds of CPU, and on
 // a one-core gateway the requests that arrived meanwhile waited behind it:
 // that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At nice 19 the
-// kernel runs the request threads first; the process keeps a second P for
-// them while it writes (spareproc, lent by writeBatch). Only whole batches cross to this goroutine: a
-// locked thread pays a thread switch on every wake-up, too much for each
+// kernel runs the request threads first; the process is lent a second P
+// for them while it writes (spareproc, in writeBatch). Only whole batches
+// cross to this goroutine: a locked thread pays a thread switch on every wake-up, too much for each
 // row the writer gathers. A writer that falls behind (its queue a quarter
 // full) writes at normal priority instead, so that a saturated core cannot
 // starve the ledger. Where the priority cannot be lowered, the statements

@@ -54,8 +54,9 @@ var (
 )
 
 // Enable turns lending on for this process, unless the operator chose
-// GOMAXPROCS: then their choice stands. Lend and Return do nothing until
-// Enable is called, and nothing while GOMAXPROCS is already 2 or more.
+// GOMAXPROCS: then their choice stands. Lend and Return change nothing
+// until Enable is called, and nothing while GOMAXPROCS is already 2 or
+// more.
 // Between lends, the runtime keeps adjusting GOMAXPROCS to the CPUs the
 // process may use (taskset, a cgroup limit), as it does by default.
 func Enable() {
@@ -69,15 +70,13 @@ func Enable() {
 func Enabled() bool { return enabled.Load() }
 
 // Lend makes sure the process has a second P until the matching Return.
-// Calls nest.
+// Calls nest. Lends are counted even before Enable, so that a statement
+// that began before it ends with a matching Return.
 func Lend() {
-	if !enabled.Load() {
-		return
-	}
 	mu.Lock()
 	defer mu.Unlock()
 	users++
-	if lent || current() >= lendsTo {
+	if lent || !enabled.Load() || current() >= lendsTo {
 		return
 	}
 	raise(lendsTo)
@@ -87,9 +86,6 @@ func Lend() {
 // Return ends one Lend. When it was the last, the P is taken back
 // returnAfter later, unless another Lend came meanwhile.
 func Return() {
-	if !enabled.Load() {
-		return
-	}
 	mu.Lock()
 	defer mu.Unlock()
 	if users == 0 {

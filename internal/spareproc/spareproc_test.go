@@ -110,6 +110,22 @@ func TestOperatorsGOMAXPROCSStands(t *testing.T) {
 	}
 }
 
+// TestEnableBetweenLendAndReturn: a statement that began before Enable
+// ends without upsetting the count (it panicked on its Return before).
+func TestEnableBetweenLendAndReturn(t *testing.T) {
+	f := useFake(t, 1)
+	enabled.Store(false)
+	Lend()
+	Enable()
+	Return()
+	Lend()
+	Return()
+	waitReturned(t)
+	if _, raises, restores := f.get(); raises != 1 || restores != 1 {
+		t.Fatalf("%d raises, %d restores; want the second Lend's one of each", raises, restores)
+	}
+}
+
 func TestReturnWithoutLendPanics(t *testing.T) {
 	useFake(t, 1)
 	defer func() {
