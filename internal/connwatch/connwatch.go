@@ -37,9 +37,12 @@ var InterimProbe = []byte("HTTP/1.1 102 Processing\r\n\r\n")
 // Watcher watches one connection for its peer going away.
 type Watcher struct {
 	conn    net.Conn
+	rc      syscall.RawConn
 	onClose func()
 	done    chan struct{}
 	stop    sync.Once
+	// timer starts a delayed watch (WatchAfter); nil when it started at once.
+	timer *time.Timer
 
 	mu sync.Mutex
 	// probe may be written to the client while the answer has not started;
@@ -49,6 +52,10 @@ type Watcher struct {
 	// before the answer counts as the client leaving (HTTP/1.0, tests).
 	canProbe bool
 	probed   bool
+	// watching is set once the watch has cleared the read deadline and is
+	// about to park on the socket; stopped once Stop has begun. Both are
+	// decided under mu, so a delayed start and a Stop never both go ahead.
+	watching, stopped bool
 }
 
 // Watch calls onClose (once, from another goroutine) if the peer of conn
@@ -58,6 +65,15 @@ type Watcher struct {
 // watched: onClose is then never called. The returned Watcher's methods are
 // safe on nil.
 func Watch(conn net.Conn, probe []byte, onClose func()) *Watcher {
+	return WatchAfter(0, conn, probe, onClose)
+}
+
+// WatchAfter is Watch, with the watch starting only once delay has passed.
+// A request answered sooner costs a timer instead of a goroutine, a system
+// call and the wake-ups to start and end a watch; a peer that left meanwhile
+// is noticed when the watch starts (its FIN or RST is already there), so at
+// most delay late.
+func WatchAfter(delay time.Duration, conn net.Conn, probe []byte, onClose func()) *Watcher {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil
@@ -66,17 +82,33 @@ func Watch(conn net.Conn, probe []byte, onClose func()) *Watcher {
 	if err != nil {
 		return nil
 	}
-	w := &Watcher{conn: conn, onClose: onClose, done: make(chan struct{}), probe: probe, canProbe: probe != nil}
+	w := &Watcher{conn: conn, rc: rc, onClose: onClose, done: make(chan struct{}), probe: probe, canProbe: probe != nil}
+	if delay <= 0 {
+		go w.run()
+	} else {
+		w.timer = time.AfterFunc(delay, w.run)
+	}
+	return w
+}
+
+// run is the watch: it parks on the socket until the peer is gone or Stop
+// wakes it.
+func (w *Watcher) run() {
+	defer close(w.done)
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
 	// The server left the read deadline it set for reading the request; a
 	// parked watcher would give up at it, and inference often takes longer.
-	_ = conn.SetReadDeadline(time.Time{})
-	go func() {
-		defer close(w.done)
-		if w.peerGone(rc) {
-			onClose()
-		}
-	}()
-	return w
+	// Cleared under mu, so that Stop's expired deadline always comes after.
+	_ = w.conn.SetReadDeadline(time.Time{})
+	w.watching = true
+	w.mu.Unlock()
+	if w.peerGone(w.rc) {
+		w.onClose()
+	}
 }
 
 // StopProbing is called before the server writes the answer: from then on
@@ -99,6 +131,17 @@ func (w *Watcher) Stop() {
 		return
 	}
 	w.stop.Do(func() {
+		if w.timer != nil && w.timer.Stop() {
+			return // the watch never started: the socket was not touched
+		}
+		w.mu.Lock()
+		w.stopped = true
+		watching := w.watching
+		w.mu.Unlock()
+		if !watching {
+			<-w.done // a delayed start that now sees stopped and returns
+			return
+		}
 		// An expired deadline wakes the parked watcher. The server then
 		// needs a deadline again: fasthttp skips re-arming one it thinks
 		// is still recent, so leave a generous one rather than none,

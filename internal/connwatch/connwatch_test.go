@@ -1,8 +1,10 @@
 package connwatch
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -193,4 +195,77 @@ func TestNilWatcherIsHarmless(t *testing.T) {
 	var w *Watcher
 	w.StopProbing()
 	w.Stop()
+}
+
+// A delayed watch notices a peer that left before it started, once it
+// starts, and one that leaves later as quickly as an immediate watch.
+func TestDelayedWatchNoticesAPeerThatLeftBeforeIt(t *testing.T) {
+	const delay = 100 * time.Millisecond
+	for _, early := range []bool{true, false} {
+		server, client := pair(t)
+		closed := make(chan time.Time, 1)
+		began := time.Now()
+		w := WatchAfter(delay, server, InterimProbe, func() { closed <- time.Now() })
+		if !early {
+			time.Sleep(delay + 50*time.Millisecond)
+		}
+		client.Close()
+		at, ok := fires(closed, 2*time.Second)
+		w.Stop()
+		if !ok {
+			t.Fatalf("early=%v: the peer's close went unnoticed", early)
+		}
+		if early && at.Sub(began) < delay {
+			t.Errorf("the watch started after %v, before its delay of %v", at.Sub(began), delay)
+		}
+		if lag := at.Sub(began); lag > delay+50*time.Millisecond+100*time.Millisecond {
+			t.Errorf("early=%v: noticed %v after the watch was asked for", early, lag)
+		}
+	}
+}
+
+// Stopped before its delay, a watch never touches the socket: the read
+// deadline the server had set is still the one in force, and a close that
+// comes afterwards calls nothing.
+func TestDelayedWatchStoppedEarlyLeavesTheSocketAlone(t *testing.T) {
+	server, client := pair(t)
+	server.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	fired := make(chan time.Time, 1)
+	w := WatchAfter(50*time.Millisecond, server, InterimProbe, func() { fired <- time.Now() })
+	w.Stop()
+	client.Close()
+	if _, ok := fires(fired, 200*time.Millisecond); ok {
+		t.Error("a watch stopped before it started called onClose")
+	}
+	// The server's deadline was not cleared (a started watch clears it, and
+	// Stop leaves RestoredDeadline): the read fails at once.
+	buf := make([]byte, 1)
+	if _, err := server.Read(buf); err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("read after an unstarted watch: %v, want the server's own deadline", err)
+	}
+}
+
+// Stop and a delayed start racing: Stop always returns, and the connection
+// is left readable (run under -race).
+func TestDelayedWatchStopRacesItsStart(t *testing.T) {
+	server, client := pair(t)
+	for i := range 200 {
+		w := WatchAfter(time.Duration(i%5)*50*time.Microsecond, server, InterimProbe, func() { t.Error("onClose for a live peer") })
+		time.Sleep(time.Duration(i%7) * 30 * time.Microsecond)
+		done := make(chan struct{})
+		go func() { w.Stop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("round %d: Stop did not return", i)
+		}
+	}
+	if _, err := client.Write([]byte("z")); err != nil {
+		t.Fatal(err)
+	}
+	server.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 1)
+	if _, err := server.Read(buf); err != nil || buf[0] != 'z' {
+		t.Fatalf("read after the watches: %q %v", buf, err)
+	}
 }

@@ -643,6 +643,14 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 	return true, nil
 }
 
+// clientWatchDelay is how long a request runs before its client's
+// connection is watched. Most requests of a busy gateway with a fast engine
+// are answered sooner and never pay for a watch (a goroutine, a system call
+// and the wake-ups to start and end it: ~5 % of the CPU at 1,000 req/s,
+// BENCHMARKS.md §20); a client that leaves meanwhile is noticed when the
+// watch starts, so its engine works at most this much longer for nobody.
+const clientWatchDelay = 50 * time.Millisecond
+
 // start queues the pending ledger row, watches the client's connection and
 // registers the inference for Stop, once.
 func (x *exchange) start() {
@@ -653,7 +661,7 @@ func (x *exchange) start() {
 	x.queuedAt = time.Now()
 	x.begun = x.g.ledger.Begin(x.row)
 	if x.call.Conn != nil {
-		x.watch = connwatch.Watch(x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
+		x.watch = connwatch.WatchAfter(clientWatchDelay, x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
 	if x.g.stops != nil {
 		onStop := func() { x.cancel(errStopped) }
