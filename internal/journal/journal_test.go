@@ -35,7 +35,9 @@ func segments(t *testing.T, dir string) []string {
 
 // A row begun and never made durable comes back at the next start, with
 // every field; one made durable does not.
-func TestLeftoversComeBack(t *testing.T) {
+func TestLeftoversComeBack(t *testing.T) { eachWay(t, testLeftoversComeBack) }
+
+func testLeftoversComeBack(t *testing.T) {
 	dir := t.TempDir()
 	j, left, err := Open(dir, "host/127.0.0.1:8080", nil)
 	if err != nil || len(left) != 0 {
@@ -119,7 +121,9 @@ func TestLockedByOneProcess(t *testing.T) {
 
 // Segments are rotated as they grow and deleted once all their rows are
 // durable, so a busy replica's journal stays small.
-func TestSegmentsAreDeletedWhenDurable(t *testing.T) {
+func TestSegmentsAreDeletedWhenDurable(t *testing.T) { eachWay(t, testSegmentsAreDeletedWhenDurable) }
+
+func testSegmentsAreDeletedWhenDurable(t *testing.T) {
 	dir := t.TempDir()
 	j, _, err := Open(dir, "r", nil)
 	if err != nil {
@@ -152,7 +156,9 @@ func TestSegmentsAreDeletedWhenDurable(t *testing.T) {
 
 // A record torn by a crash (a partial last line) and garbage lines are
 // skipped; the rest is read.
-func TestTornRecordIsSkipped(t *testing.T) {
+func TestTornRecordIsSkipped(t *testing.T) { eachWay(t, testTornRecordIsSkipped) }
+
+func testTornRecordIsSkipped(t *testing.T) {
 	dir := t.TempDir()
 	j, _, err := Open(dir, "r", nil)
 	if err != nil {
@@ -161,11 +167,13 @@ func TestTornRecordIsSkipped(t *testing.T) {
 	_ = j.Begin(row("whole"))
 	path := j.cur.path
 	j.unlock()
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	// Where the next record would have gone: a mapped segment's file is
+	// longer than what was written (zeros follow).
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteString("garbage\nB {\"InferenceID\":\"torn\",\"Mod")
+	f.WriteAt([]byte("garbage\nB {\"InferenceID\":\"torn\",\"Mod"), j.cur.size)
 	f.Close()
 	j2, left, err := Open(dir, "r", nil)
 	if err != nil {
@@ -175,4 +183,73 @@ func TestTornRecordIsSkipped(t *testing.T) {
 	if ids(left) != "whole" {
 		t.Errorf("leftovers %q, want whole", ids(left))
 	}
+}
+
+// eachWay runs a test with mapped segments and with segments written by
+// write(2), the fallback where a file cannot be preallocated or mapped.
+func eachWay(t *testing.T, test func(t *testing.T)) {
+	for _, mapped := range []bool{true, false} {
+		t.Run(map[bool]string{true: "mapped", false: "written"}[mapped], func(t *testing.T) {
+			defer func(was bool) { mapSegments = was }(mapSegments)
+			mapSegments = mapped
+			test(t)
+		})
+	}
+}
+
+// Segments are mapped, and what Begin copies is the file's content at once,
+// with no write or sync: what a killed process leaves behind.
+func TestBeginIsInTheFileWithoutAWrite(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := Open(dir, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if j.cur.mem == nil {
+		t.Fatal("the segment is not mapped")
+	}
+	if err := j.Begin(row("seen")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(j.cur.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) != SegmentBytes {
+		t.Errorf("segment file is %d bytes, want it allocated at %d", len(data), SegmentBytes)
+	}
+	if !strings.HasPrefix(string(data), `B {"InferenceID":"seen"`) {
+		t.Errorf("file starts %.40q, want the row", data)
+	}
+}
+
+// A batch of many durable ids is written as several records, each short
+// enough for the reader: after a crash none of them comes back.
+func TestManyDurableIDsAreRead(t *testing.T) {
+	eachWay(t, func(t *testing.T) {
+		dir := t.TempDir()
+		j, _, err := Open(dir, "r", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all []string
+		for i := range 3000 { // 3,000 ids of 40 bytes: 120 KB, past maxLine in one record
+			id := fmt.Sprintf("inf_%036d", i)
+			if err := j.Begin(row(id)); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, id)
+		}
+		j.Durable(all[:2999]...)
+		j.unlock() // the process dies
+		j2, left, err := Open(dir, "r", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer j2.Close()
+		if ids(left) != all[2999] {
+			t.Errorf("%d leftovers (%.60s…), want only %s", len(left), ids(left), all[2999])
+		}
+	})
 }
