@@ -302,10 +302,6 @@ func (j *Journal) release(s *segment) {
 // Begin appends row. When it returns nil, a crash of the process can no
 // longer lose the row.
 func (j *Journal) Begin(row *models.Usage) error {
-	data, err := json.Marshal(row)
-	if err != nil {
-		return fmt.Errorf("journal: encode row: %w", err)
-	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -314,7 +310,12 @@ func (j *Journal) Begin(row *models.Usage) error {
 	if _, dup := j.where[row.InferenceID]; dup {
 		return fmt.Errorf("journal: %s begun twice", row.InferenceID)
 	}
-	j.buf = append(append(append(j.buf[:0], 'B', ' '), data...), '\n')
+	rec, err := appendRow(append(j.buf[:0], 'B', ' '), row)
+	j.buf = rec
+	if err != nil {
+		return fmt.Errorf("journal: encode row: %w", err)
+	}
+	j.buf = append(j.buf, '\n')
 	if err := j.make(len(j.buf)); err != nil {
 		return err
 	}
