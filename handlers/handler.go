@@ -114,7 +114,10 @@ func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
 	if r.BodyStream != nil {
 		// Send the headers (X-Inference-Id among them) at once, not with the
 		// first frame: a client may want to stop before the first token.
-		c.Context().Response.ImmediateHeaderFlush = true
+		// When that frame is already here, both go in one write: the
+		// client's first byte comes sooner (one system call and one
+		// wake-up of the client fewer; BENCHMARKS.md §20).
+		c.Context().Response.ImmediateHeaderFlush = !r.HeaderWithFirstFrame
 		c.Context().SetBodyStream(r.BodyStream, -1)
 		return nil
 	}

@@ -298,6 +298,11 @@ type Response struct {
 	// BodyStream, when set, is the body, pulled by the server after the
 	// headers are out; the server closes it when done.
 	BodyStream io.ReadCloser
+	// HeaderWithFirstFrame says the stream's first frame came with the
+	// engine's header and is at hand: the server may send the header with
+	// it, in one write. Otherwise the header goes out at once, on its own,
+	// so that a client can stop before the first token.
+	HeaderWithFirstFrame bool
 }
 
 // Cancellation causes, told apart when the upstream call ends early.
@@ -559,10 +564,19 @@ func (x *exchange) run(body []byte) *Response {
 			// An open stream holds its exchange for as long as it runs:
 			// the engine's headers are read, so they go now.
 			resp.Header = nil
-			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp)}
+			ready := frameBuffered(resp.Body)
+			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp),
+				HeaderWithFirstFrame: ready}
 		}
 		return x.whole(resp)
 	}
+}
+
+// frameBuffered tells whether an engine's answer body already holds its
+// first whole event (proxy's engine connections know; other bodies say no).
+func frameBuffered(body io.Reader) bool {
+	b, ok := body.(interface{ FrameBuffered() bool })
+	return ok && b.FrameBuffered()
 }
 
 // take makes slot the request's: its backend serves the request.
@@ -643,8 +657,8 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 	return true, nil
 }
 
-// clientWatchDelay is how long a request runs before its client's
-// connection is watched. Most requests of a busy gateway with a fast engine
+// clientWatchDelay is how long a request for a whole answer runs before
+// its client's connection is watched. Most requests of a busy gateway with a fast engine
 // are answered sooner and never pay for a watch (a goroutine, a system call
 // and the wake-ups to start and end it: ~5 % of the CPU at 1,000 req/s,
 // BENCHMARKS.md §20); a client that leaves meanwhile is noticed when the
@@ -661,7 +675,14 @@ func (x *exchange) start() {
 	x.queuedAt = time.Now()
 	x.begun = x.g.ledger.Begin(x.row)
 	if x.call.Conn != nil {
-		x.watch = connwatch.WatchAfter(clientWatchDelay, x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
+		delay := clientWatchDelay
+		if x.req.Stream {
+			// A stream lasts: its watch would start anyway, and a timer
+			// first costs more than the goroutine (it may wake the
+			// runtime's network poller thread to re-arm it).
+			delay = 0
+		}
+		x.watch = connwatch.WatchAfter(delay, x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
 	if x.g.stops != nil {
 		onStop := func() { x.cancel(errStopped) }

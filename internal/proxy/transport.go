@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -321,6 +322,22 @@ func (b *engineBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// FrameBuffered tells whether a whole server-sent event — its ending blank
+// line, two line feeds — came with the answer's header and sits in the
+// connection's buffer, so that reading the first frame will not wait on the
+// engine. Only LF LF counts: a chunked body's framing (CR LF) never makes
+// one, so it can only be the event's own end.
+func (b *engineBody) FrameBuffered() bool {
+	n := b.ec.br.Buffered()
+	if n == 0 {
+		return false
+	}
+	p, err := b.ec.br.Peek(n)
+	return err == nil && bytes.Contains(p, lfLF)
+}
+
+var lfLF = []byte("\n\n")
 
 func (b *engineBody) Close() error {
 	if b.closed.Swap(true) {

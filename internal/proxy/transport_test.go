@@ -318,3 +318,45 @@ func TestTransportRetriesResetConnection(t *testing.T) {
 		t.Fatalf("after a reset connection: %d %q", status, body)
 	}
 }
+
+// FrameBuffered is true only when a whole event came with the answer's
+// header: then the gateway sends its client the header and that frame in
+// one write; otherwise the header goes out at once, alone.
+func TestTransportFrameBuffered(t *testing.T) {
+	event := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"
+	for _, c := range []struct {
+		name  string
+		first string // written with the header, in one write
+		later string // written 100 ms later
+		want  bool
+	}{
+		{"event with the header", event, "", true},
+		{"header alone, event later", "", event, false},
+		{"half an event with the header", event[:20], event[20:], false},
+		{"CRLF-framed event (not counted)", strings.ReplaceAll(event, "\n", "\r\n"), "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, c.first) // the first Flush sends the header and this together
+				w.(http.Flusher).Flush()
+				time.Sleep(100 * time.Millisecond)
+				io.WriteString(w, c.later)
+			}))
+			defer srv.Close()
+			resp, err := NewClient().Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := resp.Body.(interface{ FrameBuffered() bool }).FrameBuffered()
+			if got != c.want {
+				t.Errorf("FrameBuffered = %v, want %v", got, c.want)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if string(b) != c.first+c.later {
+				t.Errorf("body %q, want %q", b, c.first+c.later)
+			}
+		})
+	}
+}
