@@ -316,7 +316,7 @@ func (j *Journal) Begin(row *models.Usage) error {
 		return fmt.Errorf("journal: encode row: %w", err)
 	}
 	j.buf = append(j.buf, '\n')
-	if err := j.make(len(j.buf)); err != nil {
+	if err := j.room(len(j.buf)); err != nil {
 		return err
 	}
 	if err := j.write(j.cur, j.buf); err != nil {
@@ -342,7 +342,7 @@ func (j *Journal) Durable(ids ...string) {
 			return true
 		}
 		buf = append(buf, '\n')
-		err := j.make(len(buf))
+		err := j.room(len(buf))
 		if err == nil {
 			err = j.write(j.cur, buf)
 		}
@@ -386,9 +386,9 @@ func (j *Journal) Durable(ids ...string) {
 	}
 }
 
-// make rotates the current segment when a record of n bytes would not fit
+// room rotates the current segment when a record of n bytes would not fit
 // in it.
-func (j *Journal) make(n int) error {
+func (j *Journal) room(n int) error {
 	if j.cur.size+int64(n) <= SegmentBytes || j.cur.size == 0 {
 		return nil // it fits, or it is larger than a segment and gets one of its own
 	}
