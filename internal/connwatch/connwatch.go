@@ -41,8 +41,8 @@ type Watcher struct {
 	onClose func()
 	done    chan struct{}
 	stop    sync.Once
-	// timer starts a delayed watch (WatchAfter); nil when it started at once.
-	timer *time.Timer
+	// due is when a delayed watch (WatchAfter) starts.
+	due time.Time
 
 	mu sync.Mutex
 	// probe may be written to the client while the answer has not started;
@@ -52,10 +52,11 @@ type Watcher struct {
 	// before the answer counts as the client leaving (HTTP/1.0, tests).
 	canProbe bool
 	probed   bool
-	// watching is set once the watch has cleared the read deadline and is
-	// about to park on the socket; stopped once Stop has begun. Both are
-	// decided under mu, so a delayed start and a Stop never both go ahead.
-	watching, stopped bool
+	// waiting: a delayed watch not yet handed to its goroutine. watching
+	// is set once the watch has cleared the read deadline and is about to
+	// park on the socket; stopped once Stop has begun. All are decided
+	// under mu, so a delayed start and a Stop never both go ahead.
+	waiting, watching, stopped bool
 }
 
 // Watch calls onClose (once, from another goroutine) if the peer of conn
@@ -68,11 +69,11 @@ func Watch(conn net.Conn, probe []byte, onClose func()) *Watcher {
 	return WatchAfter(0, conn, probe, onClose)
 }
 
-// WatchAfter is Watch, with the watch starting only once delay has passed.
-// A request answered sooner costs a timer instead of a goroutine, a system
-// call and the wake-ups to start and end a watch; a peer that left meanwhile
-// is noticed when the watch starts (its FIN or RST is already there), so at
-// most delay late.
+// WatchAfter is Watch, with the watch starting only once delay has passed
+// (up to startTick later). A request answered sooner costs a place in a
+// list instead of a goroutine, a system call and the wake-ups to start and
+// end a watch; a peer that left meanwhile is noticed when the watch starts
+// (its FIN or RST is already there), so at most delay + startTick late.
 func WatchAfter(delay time.Duration, conn net.Conn, probe []byte, onClose func()) *Watcher {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -86,9 +87,93 @@ func WatchAfter(delay time.Duration, conn net.Conn, probe []byte, onClose func()
 	if delay <= 0 {
 		go w.run()
 	} else {
-		w.timer = time.AfterFunc(delay, w.run)
+		w.due, w.waiting = time.Now().Add(delay), true
+		starter.add(w)
 	}
 	return w
+}
+
+// startTick is how often the delayed watches that fell due are started.
+const startTick = 10 * time.Millisecond
+
+// starter starts the delayed watches of the process: one goroutine and
+// one ticker for all of them, not a runtime timer each. A timer per
+// request is cheap on its own, but one earlier than any other wakes the
+// runtime's network poller thread to re-arm it (an eventfd write and a
+// thread switch, on the path of a sequential client's every request).
+var starter = watchStarter{}
+
+type watchStarter struct {
+	mu      sync.Mutex
+	waiting []*Watcher
+	running bool // the ticking goroutine runs
+}
+
+func (s *watchStarter) add(w *Watcher) {
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.running {
+		s.running = true
+		go s.loop()
+	}
+	s.mu.Unlock()
+}
+
+// loop starts the watches that fell due, drops the stopped ones, and ends
+// after a second with none waiting.
+func (s *watchStarter) loop() {
+	t := time.NewTicker(startTick)
+	defer t.Stop()
+	idle := 0
+	var due []*Watcher
+	for now := range t.C {
+		s.mu.Lock()
+		kept := s.waiting[:0]
+		for _, w := range s.waiting {
+			switch {
+			case w.isStopped():
+			case !w.due.After(now):
+				due = append(due, w)
+			default:
+				kept = append(kept, w)
+			}
+		}
+		clear(s.waiting[len(kept):]) // let go of the watchers dropped
+		s.waiting = kept
+		if len(kept) == 0 && len(due) == 0 {
+			idle++
+		} else {
+			idle = 0
+		}
+		if idle >= int(time.Second/startTick) {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		for i, w := range due {
+			w.start()
+			due[i] = nil
+		}
+		due = due[:0]
+	}
+}
+
+func (w *Watcher) isStopped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped
+}
+
+// start hands a delayed watch to its goroutine, unless it was stopped.
+func (w *Watcher) start() {
+	w.mu.Lock()
+	begin := !w.stopped && w.waiting
+	w.waiting = false
+	w.mu.Unlock()
+	if begin {
+		go w.run()
+	}
 }
 
 // run is the watch: it parks on the socket until the peer is gone or Stop
@@ -131,11 +216,14 @@ func (w *Watcher) Stop() {
 		return
 	}
 	w.stop.Do(func() {
-		if w.timer != nil && w.timer.Stop() {
-			return // the watch never started: the socket was not touched
-		}
 		w.mu.Lock()
 		w.stopped = true
+		if w.waiting {
+			// The watch never started, and now never will (the starter
+			// drops it): the socket was not touched.
+			w.mu.Unlock()
+			return
+		}
 		watching := w.watching
 		w.mu.Unlock()
 		if !watching {

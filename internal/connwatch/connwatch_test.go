@@ -250,8 +250,10 @@ func TestDelayedWatchStoppedEarlyLeavesTheSocketAlone(t *testing.T) {
 func TestDelayedWatchStopRacesItsStart(t *testing.T) {
 	server, client := pair(t)
 	for i := range 200 {
-		w := WatchAfter(time.Duration(i%5)*50*time.Microsecond, server, InterimProbe, func() { t.Error("onClose for a live peer") })
-		time.Sleep(time.Duration(i%7) * 30 * time.Microsecond)
+		// Due at once: the starter hands it to its goroutine at its next
+		// tick, before or after the Stop below.
+		w := WatchAfter(time.Nanosecond, server, InterimProbe, func() { t.Error("onClose for a live peer") })
+		time.Sleep(time.Duration(i%13) * time.Millisecond)
 		done := make(chan struct{})
 		go func() { w.Stop(); close(done) }()
 		select {
@@ -267,5 +269,35 @@ func TestDelayedWatchStopRacesItsStart(t *testing.T) {
 	buf := make([]byte, 1)
 	if _, err := server.Read(buf); err != nil || buf[0] != 'z' {
 		t.Fatalf("read after the watches: %q %v", buf, err)
+	}
+}
+
+// The starter's goroutine and ticker end once no delayed watch has waited
+// for a second, and come back with the next one.
+func TestStarterEndsWhenIdle(t *testing.T) {
+	server, client := pair(t)
+	running := func() bool {
+		starter.mu.Lock()
+		defer starter.mu.Unlock()
+		return starter.running
+	}
+	w := WatchAfter(time.Hour, server, nil, func() {})
+	if !running() {
+		t.Fatal("no starter for a delayed watch")
+	}
+	w.Stop()
+	deadline := time.Now().Add(3 * time.Second)
+	for running() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if running() {
+		t.Fatal("the starter still runs with nothing to start")
+	}
+	closed := make(chan time.Time, 1)
+	w = WatchAfter(time.Millisecond, server, nil, func() { closed <- time.Now() })
+	defer w.Stop()
+	client.Close()
+	if _, ok := fires(closed, 2*time.Second); !ok {
+		t.Fatal("a delayed watch after the starter ended never started")
 	}
 }

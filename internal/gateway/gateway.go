@@ -658,11 +658,12 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 }
 
 // clientWatchDelay is how long a request for a whole answer runs before
-// its client's connection is watched. Most requests of a busy gateway with a fast engine
-// are answered sooner and never pay for a watch (a goroutine, a system call
-// and the wake-ups to start and end it: ~5 % of the CPU at 1,000 req/s,
-// BENCHMARKS.md §20); a client that leaves meanwhile is noticed when the
-// watch starts, so its engine works at most this much longer for nobody.
+// its client's connection is watched (connwatch.WatchAfter). Most requests
+// of a busy gateway with a fast engine are answered sooner and never pay
+// for a watch (a goroutine, a system call and the wake-ups to start and end
+// it: ~4 % of the CPU samples at 1,000 req/s, BENCHMARKS.md §20); a client
+// that leaves meanwhile is noticed when the watch starts, so its engine
+// works at most this much longer (and a tick) for nobody.
 const clientWatchDelay = 50 * time.Millisecond
 
 // start queues the pending ledger row, watches the client's connection and
@@ -677,10 +678,7 @@ func (x *exchange) start() {
 	if x.call.Conn != nil {
 		delay := clientWatchDelay
 		if x.req.Stream {
-			// A stream lasts: its watch would start anyway, and a timer
-			// first costs more than the goroutine (it may wake the
-			// runtime's network poller thread to re-arm it).
-			delay = 0
+			delay = 0 // a stream lasts: its watch would start anyway
 		}
 		x.watch = connwatch.WatchAfter(delay, x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
