@@ -32,7 +32,6 @@ import (
 	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/models"
-	"moonji/web"
 )
 
 // TestEngineBench is issue 11's benchmark: what an `engine` backend (the
@@ -56,9 +55,7 @@ import (
 // (TestEngineBenchServer), each measuring only itself: G1, a gateway on
 // SQLite with an openai backend to the mock; G2, a gateway on SQLite with an
 // engine backend; E, an engine.Server (what `moonji engine` runs) in front of
-// the same mock, which G2's backend dials. The gateways run with
-// web.TuneRuntime (GOGC 400) as `moonji serve` does; the engine with Go's
-// default, as `moonji engine` does.
+// the same mock, which G2's backend dials.
 //
 // Latency. Sequential requests, one at a time, in ABBA rounds so that drift
 // (other work on the machine) hits every side alike: round 1 direct, openai,
@@ -315,7 +312,6 @@ func TestEngineBenchServer(t *testing.T) {
 		})
 		say("ready ws://%s%s", l.Addr(), engine.Path)
 	case "gateway":
-		web.TuneRuntime()
 		mc := max(spec.MaxConcurrency, 4096)
 		bk := config.Backend{Name: "mock", Kind: spec.Kind, URL: spec.Upstream, MaxConcurrency: mc, MaxQueue: mc}
 		if spec.Kind == config.KindEngine {

@@ -23,7 +23,6 @@ import (
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
 	"moonji/models"
-	"moonji/web"
 )
 
 // The benchmarks in this package are load tests: they start a gateway (and a
@@ -293,9 +292,6 @@ type benchEnv struct {
 // startBenchGateway starts a gateway on SQLite in front of mockURL, with
 // limits high enough not to matter unless opts change them.
 func startBenchGateway(b *testing.B, mockURL string, mock *mockllm.Server, opts ...envOption) benchEnv {
-	// The process runs with the GC setting `moonji serve` uses (the load
-	// generator and the mock engine share it, on both sides of the ratio).
-	web.TuneRuntime()
 	cfg := &config.Config{
 		DatabaseURL: "sqlite://" + b.TempDir() + "/bench.db",
 		RateLimit:   config.RateLimit{RequestsPerMinute: 10_000_000},

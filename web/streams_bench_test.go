@@ -43,8 +43,7 @@ import (
 // this test binary again (TestEngineBenchServer, as in TestEngineBench): G,
 // the gateway, alone in its process so that what it measures is the
 // gateway's: an openai backend to the mock whose max_concurrency and
-// max_queue are N, a SQLite ledger, GOGC 400 (web.TuneRuntime, as `moonji
-// serve`); and C, the clients. Each stream is a socket in C, two in G (its
+// max_queue are N, a SQLite ledger; and C, the clients. Each stream is a socket in C, two in G (its
 // client's and its upstream's) and one here, so every process raises its
 // open-file soft limit (to the hard limit, or beyond when allowed); the
 // test stops at once, naming the largest N that fits, when G's limit is

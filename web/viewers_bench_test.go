@@ -3,6 +3,7 @@ package web_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/gob"
 	"encoding/json"
@@ -32,7 +33,6 @@ import (
 	"moonji/internal/markdown"
 	"moonji/internal/mockllm"
 	"moonji/models"
-	"moonji/web"
 )
 
 // TestViewersBench is issue 9's load test: many people's browsers watching
@@ -347,7 +347,6 @@ func vbStartChild(t *testing.T, spec vbSpec) *vbChild {
 }
 
 func vbRun(t *testing.T, l vbLayout, tps, refs, secs int) {
-	web.TuneRuntime() // the GC setting of `moonji serve`
 	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: quietLog()})
 	ms := httptest.NewServer(mock)
 	t.Cleanup(ms.Close)
@@ -673,8 +672,8 @@ func vbRun(t *testing.T, l vbLayout, tps, refs, secs int) {
 	// The first snapshot after the start still finds garbage of it (a few
 	// MiB in some runs): the generations' own growth is from the second on.
 	genSlope, viewSlope := slope(before[1], before[2]), slope(with[0], with[2])
-	fmt.Fprintf(w, "\n== %s: %d generations × %d viewers = %d viewers, %d tok/s, %d tokens each, %d /v1 streams, %s (GOMAXPROCS %d, GOGC 400)\n",
-		l, l.Gens, l.PerGen, viewers, tps, tokens, refs, e.DB.Dialector.Name(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, "\n== %s: %d generations × %d viewers = %d viewers, %d tok/s, %d tokens each, %d /v1 streams, %s (GOMAXPROCS %d, GOGC %s)\n",
+		l, l.Gens, l.PerGen, viewers, tps, tokens, refs, e.DB.Dialector.Name(), runtime.GOMAXPROCS(0), cmp.Or(os.Getenv("GOGC"), "100"))
 	fmt.Fprintf(w, "  %d sends took %v (%d refused and sent again); %d viewers connected (first event) in %v\n", l.Gens,
 		sendsTook.Round(time.Millisecond), refused, viewers, connectedAt.Sub(connectAt).Round(time.Millisecond))
 	if refused > 0 {
