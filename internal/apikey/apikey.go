@@ -114,10 +114,16 @@ const lookupTimeout = 10 * time.Second
 // so the bound is a guard, not something an attacker can reach.
 const maxCached = 10_000
 
+// refreshAhead is the part of the cache's TTL, at its end, in which a
+// request of a key starts reading it again (refresh): a key in steady use
+// then never expires, and none of its requests waits for the database.
+const refreshAhead = 4 // the last quarter
+
 // cached is one remembered look-up.
 type cached struct {
-	key   models.APIKey
-	until time.Time
+	key        models.APIKey
+	until      time.Time
+	refreshing bool // a refresh is under way
 }
 
 // Store authenticates keys and remembers when each was last used.
@@ -133,7 +139,8 @@ type Store struct {
 	// same time share one query: when a busy key's entry expires, the
 	// requests arriving during its look-up would otherwise each query the
 	// database, and a slow moment of the database would queue them all.
-	lookups singleflight.Group
+	lookups   singleflight.Group
+	refreshes sync.WaitGroup // the refreshes under way, waited for by Close
 
 	cmu   sync.RWMutex
 	ttl   time.Duration
@@ -177,6 +184,9 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 	if hit && now.Before(c.until) {
 		k := c.key // a copy: callers may not share the cached value
 		key = &k
+		if !c.refreshing && c.until.Sub(now) < ttl/refreshAhead {
+			s.refresh(hash, ttl)
+		}
 	} else {
 		var err error
 		key, gen, err = s.lookup(ctx, hash)
@@ -236,6 +246,38 @@ func (s *Store) lookup(ctx context.Context, hash string) (*models.APIKey, uint64
 	f := v.(found)
 	k := *f.key
 	return &k, f.gen, nil
+}
+
+// refresh reads the key of hash again in the background, for the cache
+// entry that is about to expire; the request that asked goes on with the
+// cached copy. One refresh runs per entry. An active key read replaces the
+// entry, unless a Forget came after the refresh began; a key revoked,
+// expired, disabled or gone is dropped, so that its next request is refused
+// by a look-up of its own; on an error the entry expires as it would have.
+func (s *Store) refresh(hash string, ttl time.Duration) {
+	s.cmu.Lock()
+	c, ok := s.cache[hash]
+	if !ok || c.refreshing {
+		s.cmu.Unlock()
+		return
+	}
+	c.refreshing = true
+	s.cache[hash] = c
+	s.cmu.Unlock()
+	s.refreshes.Go(func() {
+		key, gen, err := s.lookup(context.Background(), hash)
+		now := time.Now()
+		switch {
+		case errors.Is(err, models.ErrNotFound):
+			s.drop(hash)
+		case err != nil:
+			s.log.Warn("api key cache refresh failed; the entry expires", "key_id", c.key.ID, "err", err)
+		case key.Status(now) != "active" || key.User.Disabled():
+			s.drop(hash)
+		default:
+			s.remember(hash, key, gen, now.Add(ttl), ttl)
+		}
+	})
 }
 
 // remember caches an active key, unless a Forget came after the look-up
@@ -342,4 +384,5 @@ func (s *Store) flushLoop(interval time.Duration) {
 func (s *Store) Close() {
 	close(s.stop)
 	<-s.done
+	s.refreshes.Wait()
 }

@@ -269,3 +269,89 @@ func TestForgetDuringLookup(t *testing.T) {
 		t.Error("a look-up older than a Forget was cached")
 	}
 }
+
+// A key in steady use is read again shortly before its cache entry
+// expires, by one query in the background that no request waits for; what
+// that read finds (a revoke made behind the store's back) is seen from then
+// on, before the old entry would have expired.
+func TestRefreshAhead(t *testing.T) {
+	ctx := context.Background()
+	db, store, uid := openStore(t)
+	store.SetCacheTTL(time.Minute)
+	secret, key, err := Create(ctx, db, uid, "steady", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Authenticate(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	var keyQueries atomic.Int64
+	release := make(chan struct{})
+	db.Callback().Query().Before("gorm:query").Register("held", func(tx *gorm.DB) {
+		if tx.Statement.Table == "api_keys" {
+			keyQueries.Add(1)
+			<-release // the database is slow: nobody may wait for this
+		}
+	})
+	hash := Hash(secret)
+	expireIn := func(d time.Duration) time.Time {
+		store.cmu.Lock()
+		defer store.cmu.Unlock()
+		c := store.cache[hash]
+		c.until = time.Now().Add(d)
+		store.cache[hash] = c
+		return c.until
+	}
+	authenticate := func() error {
+		errc := make(chan error, 1)
+		go func() { _, err := store.Authenticate(ctx, secret); errc <- err }()
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("a request of a cached key waited for its refresh")
+			return nil
+		}
+	}
+
+	// Outside the last quarter of the TTL: no refresh.
+	expireIn(30 * time.Second)
+	if err := authenticate(); err != nil {
+		t.Fatal(err)
+	}
+	if n := keyQueries.Load(); n != 0 {
+		t.Fatalf("%d queries for a key far from its expiry, want 0", n)
+	}
+
+	// Inside it: one refresh for any number of requests, none waiting.
+	old := expireIn(10 * time.Second)
+	for range 50 {
+		if err := authenticate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := keyQueries.Load(); n != 1 {
+		t.Errorf("%d queries for 50 requests near the entry's expiry, want 1 (the refresh)", n)
+	}
+	close(release)
+	store.refreshes.Wait()
+	store.cmu.RLock()
+	c, ok := store.cache[hash]
+	store.cmu.RUnlock()
+	if !ok || c.refreshing || !c.until.After(old.Add(30*time.Second)) {
+		t.Fatalf("after the refresh: cached %v, refreshing %v, until %v (old %v); want a fresh entry", ok, c.refreshing, c.until, old)
+	}
+
+	// A revoke behind the store's back is found by the next refresh.
+	if err := models.RevokeAPIKey(ctx, db, key.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	expireIn(10 * time.Second)
+	if err := authenticate(); err != nil {
+		t.Fatalf("the request that starts the refresh: %v (it is served from the cache)", err)
+	}
+	store.refreshes.Wait()
+	if err := authenticate(); !errors.Is(err, ErrRevoked) {
+		t.Errorf("after a refresh that read the revoke: %v, want ErrRevoked", err)
+	}
+}
