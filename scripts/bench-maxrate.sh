@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
+. scripts/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
 PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
@@ -25,15 +26,7 @@ if [ "${DB:-sqlite}" = postgres ]; then
   schema="maxrate_$(date +%s)"; psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
   db="$PG&search_path=$schema" redis=$REDIS
 fi
-cat >"$dir/moonji.yaml" <<YAML
-listen: 127.0.0.1:$port
-database_url: "$db"
-redis_url: "$redis"
-redis_prefix: "maxrate$(date +%s):"
-rate_limit: {requests_per_minute: 100000000}
-backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
-models: [{name: gpt-4o-mini, backend: mock}]
-YAML
+bench_config "$dir/moonji.yaml" "$port" "$db" "$redis"
 taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
 mock=$!
 env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} ${PROFILE:+MOONJI_PPROF=127.0.0.1:16060} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &

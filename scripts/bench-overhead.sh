@@ -17,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
+. scripts/bench-lib.sh
 export WORK=${WORK:-/tmp/peerbench}
 export VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 ONLY=${ONLY:-"sqlite postgres nginx"}
@@ -32,18 +33,8 @@ trap '[ -n "$server" ] && kill $server 2>/dev/null; "$BENCH/nginx-baseline.sh" s
 run_moonji() { # label database_url redis_url
   local label=$1 db=$2 redis=$3 d="$dir/$1"
   mkdir -p "$d"
-  cat >"$d/moonji.yaml" <<YAML
-listen: 127.0.0.1:$port
-database_url: "$db"
-redis_url: "$redis"
-redis_prefix: "bench$(date +%s):"
-rate_limit: {requests_per_minute: 100000000}
-backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
-models: [{name: gpt-4o-mini, backend: mock}]
-YAML
-  MOONJI_JOURNAL_DIR=$d/journal MOONJI_DEV_ADMIN_PASSWORD=bench "$MOONJI_BIN" serve --config "$d/moonji.yaml" >"$d/serve.log" 2>&1 &
-  server=$!
-  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+  bench_config "$d/moonji.yaml" "$port" "$db" "$redis"
+  bench_serve "$MOONJI_BIN" "$d/moonji.yaml" "$d"
   local key
   key=$("$MOONJI_BIN" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   GW_PID=$server LABEL=${LABEL_PREFIX:-}$label "$BENCH/overhead.sh" "http://127.0.0.1:$port/v1" "Authorization: Bearer $key"

@@ -1,0 +1,37 @@
+# Shared by the bench scripts (sourced, not run).
+
+# bench_config FILE PORT DATABASE_URL [REDIS_URL] writes the configuration
+# the bench scripts serve: one openai backend, the shared bench mock on
+# 127.0.0.1:18080, and limits that never interfere.
+bench_config() {
+  cat >"$1" <<YAML
+listen: 127.0.0.1:$2
+database_url: "$3"
+redis_url: "${4:-}"
+redis_prefix: "bench$(date +%s):"
+rate_limit: {requests_per_minute: 100000000}
+backends: [{name: mock, kind: openai, url: http://127.0.0.1:18080/v1, max_concurrency: 4096, max_queue: 4096}]
+models: [{name: gpt-4o-mini, backend: mock}]
+YAML
+}
+
+# bench_serve BIN CONFIG DIR [CPU] starts BIN serving CONFIG (its journal
+# and log in DIR; on CPU alone when given), sets server to its pid and waits
+# until it answers on the configured port.
+bench_serve() {
+  local pin=()
+  [ -n "${4:-}" ] && pin=(taskset -c "$4")
+  MOONJI_JOURNAL_DIR=$3/journal MOONJI_DEV_ADMIN_PASSWORD=bench "${pin[@]}" "$1" serve --config "$2" >"$3/serve.log" 2>&1 &
+  server=$!
+  local port
+  port=$(awk -F: '/^listen:/{print $3}' "$2")
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+}
+
+# bench_mock DIR builds the shared bench mock into DIR and starts it on
+# 127.0.0.1:18080, on core 0; sets mock to its pid.
+bench_mock() {
+  (cd "$BENCH/mockup" && go build -o "$1/mockup" main.go)
+  taskset -c 0 "$1/mockup" -listen 127.0.0.1:18080 >/dev/null 2>&1 &
+  mock=$!
+}

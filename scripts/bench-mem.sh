@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Memory and CPU of several builds at 1,000 req/s, alternated in one
+# sitting (issue 12): the shared bench mock and vegeta on core 0, each build
+# in turn started unpinned and then pinned to core 1 with all its threads,
+# as the shared harness does (SQLite, no Redis), and held at RATE for DUR.
+# Prints, per build: its CPU over the middle of the run, its RSS split into
+# anonymous memory and the binary's (and other files') mapped pages at the
+# end (/proc/PID/status), and the latency vegeta saw.
+#
+#   scripts/bench-mem.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   RATE=500 DUR=20s scripts/bench-mem.sh bin/moonji
+#
+# A "build" may be a wrapper script, e.g. one that sets GOGC. Needs vegeta
+# (VEGETA=path; ../shared/bench/README.md says how to install it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
+. scripts/bench-lib.sh
+VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
+RATE=${RATE:-1000}
+DUR=${DUR:-15s}
+[ $# -ge 1 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+dir=$(mktemp -d)
+bench_mock "$dir"
+server=""
+trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
+sleep 0.5
+kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$2/status"; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+for bin in "$@"; do
+  d=$(mktemp -d -p "$dir")
+  bench_config "$d/moonji.yaml" 18093 "sqlite://$d/moonji.db"
+  bench_serve "$bin" "$d/moonji.yaml" "$d"
+  # The serving process: the build itself, or the one its wrapper started.
+  pid=$(pgrep -n -f "serve --config $d/moonji.yaml")
+  taskset -a -p -c 1 "$pid" >/dev/null
+  key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+  printf '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$d/body.json"
+  printf 'POST http://127.0.0.1:18093/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$key" "$d/body.json" >"$d/targets"
+  taskset -c 0 "$VEGETA" attack -targets "$d/targets" -rate "$RATE" -duration "$DUR" >"$d/results.bin" &
+  load=$!
+  sleep 3
+  t0=$(ticks "$pid"); s0=$(date +%s%N)
+  sleep 8
+  t1=$(ticks "$pid"); s1=$(date +%s%N)
+  wait $load
+  rss=$(kb VmRSS "$pid"); anon=$(kb RssAnon "$pid"); file=$(kb RssFile "$pid")
+  lat=$("$VEGETA" report -type=text "$d/results.bin" | awk '/^Latencies/{print "p50 " $11 " p90 " $12 " p99 " $14}')
+  ok=$("$VEGETA" report -type=text "$d/results.bin" | awk '/^Success/{print $3}')
+  hz=$(getconf CLK_TCK)
+  cpu=$(awk -v t="$((t1 - t0))" -v ns="$((s1 - s0))" -v hz="$hz" 'BEGIN{printf "%.0f", 100 * t / hz / (ns / 1e9)}')
+  awk -v b="$(basename "$bin"):" -v c="$cpu" -v r="$rss" -v a="$anon" -v f="$file" -v l="$lat" -v ok="$ok" \
+    'BEGIN{printf "%-18s CPU %3s %%  RSS %5.1f MB (anon %5.1f, file %5.1f)  %s  ok %s\n", b, c, r/1024, a/1024, f/1024, l, ok}'
+  kill $server; wait $server 2>/dev/null || true; server=""
+done
