@@ -142,10 +142,11 @@ type Store struct {
 	lookups   singleflight.Group
 	refreshes sync.WaitGroup // the refreshes under way, waited for by Close
 
-	cmu   sync.RWMutex
-	ttl   time.Duration
-	cache map[string]cached // SHA-256 of the secret → active key
-	gen   uint64            // bumped by Forget and ForgetUser: look-ups begun before it are not cached
+	cmu    sync.RWMutex
+	ttl    time.Duration
+	cache  map[string]cached // SHA-256 of the secret → active key
+	gen    uint64            // bumped by Forget and ForgetUser: look-ups begun before it are not cached
+	closed bool              // set by Close: no refresh starts after it
 }
 
 // NewStore returns a Store that writes last-used times every interval and
@@ -257,14 +258,16 @@ func (s *Store) lookup(ctx context.Context, hash string) (*models.APIKey, uint64
 func (s *Store) refresh(hash string, ttl time.Duration) {
 	s.cmu.Lock()
 	c, ok := s.cache[hash]
-	if !ok || c.refreshing {
+	if !ok || c.refreshing || s.closed {
 		s.cmu.Unlock()
 		return
 	}
 	c.refreshing = true
 	s.cache[hash] = c
+	s.refreshes.Add(1) // under cmu, so never after Close's Wait began
 	s.cmu.Unlock()
-	s.refreshes.Go(func() {
+	go func() {
+		defer s.refreshes.Done()
 		key, gen, err := s.lookup(context.Background(), hash)
 		now := time.Now()
 		switch {
@@ -277,7 +280,7 @@ func (s *Store) refresh(hash string, ttl time.Duration) {
 		default:
 			s.remember(hash, key, gen, now.Add(ttl), ttl)
 		}
-	})
+	}()
 }
 
 // remember caches an active key, unless a Forget came after the look-up
@@ -384,5 +387,8 @@ func (s *Store) flushLoop(interval time.Duration) {
 func (s *Store) Close() {
 	close(s.stop)
 	<-s.done
+	s.cmu.Lock()
+	s.closed = true
+	s.cmu.Unlock()
 	s.refreshes.Wait()
 }

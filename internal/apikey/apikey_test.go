@@ -286,10 +286,11 @@ func TestRefreshAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keyQueries atomic.Int64
-	release := make(chan struct{})
+	started, release := make(chan struct{}, 10), make(chan struct{})
 	db.Callback().Query().Before("gorm:query").Register("held", func(tx *gorm.DB) {
 		if tx.Statement.Table == "api_keys" {
 			keyQueries.Add(1)
+			started <- struct{}{}
 			<-release // the database is slow: nobody may wait for this
 		}
 	})
@@ -329,6 +330,11 @@ func TestRefreshAhead(t *testing.T) {
 		if err := authenticate(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no look-up started for 50 requests near the entry's expiry")
 	}
 	if n := keyQueries.Load(); n != 1 {
 		t.Errorf("%d queries for 50 requests near the entry's expiry, want 1 (the refresh)", n)
