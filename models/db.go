@@ -116,6 +116,9 @@ func Migrate(db *gorm.DB) error {
 		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
+	if err := dropUsageIndexes(db); err != nil {
+		return err
+	}
 	if err := backfillRollup(db); err != nil {
 		return err
 	}
