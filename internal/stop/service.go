@@ -29,7 +29,8 @@ type Options struct {
 	CheckTimeout time.Duration
 	// FinishedRetention is how long this replica remembers the inferences
 	// it finished, so that a stop arriving just after the end is answered
-	// at once instead of timing out (default 1 min).
+	// at once instead of timing out (default 1 min; an id is kept up to a
+	// quarter longer, see recentSet).
 	FinishedRetention time.Duration
 	// ReplicaID names this replica in messages so that it can ignore its own
 	// echoes (default: random).
@@ -108,7 +109,7 @@ type Service struct {
 	opts   Options
 	log    *slog.Logger
 	// finished remembers inferences this replica ended recently.
-	finished *Holder
+	finished *recentSet
 
 	mu   sync.Mutex
 	runs map[string]*Run
@@ -140,7 +141,7 @@ func NewService(h *Holder, b Bus, opts Options) *Service {
 		keys:     keys,
 		opts:     opts,
 		log:      opts.Logger.With("component", "stop", "replica", opts.ReplicaID),
-		finished: NewHolder(opts.FinishedRetention),
+		finished: newRecentSet(opts.FinishedRetention),
 		runs:     make(map[string]*Run),
 		seen:     make(map[string]int),
 		waiters:  make(map[string]*ackWaiter),
@@ -289,7 +290,7 @@ func (r *Run) End() {
 		}
 		// Under the same lock as the removal so that a concurrent Request
 		// or stop message sees the run either running or finished.
-		s.finished.Stop(r.id)
+		s.finished.Add(r.id)
 		s.mu.Unlock()
 		r.Ack()
 	})
@@ -331,7 +332,7 @@ func (s *Service) RequestSeen(ctx context.Context, id string, seen int) (Result,
 
 	s.mu.Lock()
 	r := s.runs[id]
-	finished := r == nil && s.finished.Stopped(id)
+	finished := r == nil && s.finished.Has(id)
 	s.mu.Unlock()
 	local := r != nil || finished
 	switch {
@@ -428,7 +429,7 @@ func (s *Service) stopArrived(id string) {
 	s.holder.Stop(id)
 	s.mu.Lock()
 	r := s.runs[id]
-	finished := r == nil && s.finished.Stopped(id)
+	finished := r == nil && s.finished.Has(id)
 	s.mu.Unlock()
 	switch {
 	case r != nil && r.acked.Load():
