@@ -3,9 +3,10 @@
 # sitting (issue 12): the shared bench mock and vegeta on core 0, each build
 # in turn started unpinned and then pinned to core 1 with all its threads,
 # as the shared harness does (SQLite, no Redis), and held at RATE for DUR.
-# Prints, per build: its CPU over the middle of the run, its RSS split into
-# anonymous memory and the binary's (and other files') mapped pages at the
-# end (/proc/PID/status), and the latency vegeta saw.
+# Prints, per build: its CPU over the middle of the run, its mean RSS over
+# the same window (sampled each second) split into anonymous memory and the
+# binary's (and other files') mapped pages (/proc/PID/status), and the
+# latency vegeta saw.
 #
 #   scripts/bench-mem.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
 #   RATE=500 DUR=20s scripts/bench-mem.sh bin/moonji
@@ -19,12 +20,16 @@ BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATE=${RATE:-1000}
 DUR=${DUR:-15s}
-[ $# -ge 1 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 dir=$(mktemp -d)
 bench_mock "$dir"
 server=""
 trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
 sleep 0.5
+# The measuring window: from 3 s into the load to 2 s before its end.
+secs=${DUR%s}
+[[ $secs =~ ^[0-9]+$ ]] && [ "$secs" -ge 8 ] || { echo "DUR must be whole seconds, at least 8s (got $DUR)" >&2; exit 2; }
+window=$((secs - 5))
 kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$2/status"; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for bin in "$@"; do
@@ -41,10 +46,16 @@ for bin in "$@"; do
   load=$!
   sleep 3
   t0=$(ticks "$pid"); s0=$(date +%s%N)
-  sleep 8
+  # RSS moves by several MB with the phase of the GC cycle: sample it once
+  # a second over the window and report the means.
+  rss=0 anon=0 file=0 n=0
+  for _ in $(seq "$window"); do
+    sleep 1
+    rss=$((rss + $(kb VmRSS "$pid"))); anon=$((anon + $(kb RssAnon "$pid"))); file=$((file + $(kb RssFile "$pid"))); n=$((n + 1))
+  done
+  rss=$((rss / n)) anon=$((anon / n)) file=$((file / n))
   t1=$(ticks "$pid"); s1=$(date +%s%N)
   wait $load
-  rss=$(kb VmRSS "$pid"); anon=$(kb RssAnon "$pid"); file=$(kb RssFile "$pid")
   lat=$("$VEGETA" report -type=text "$d/results.bin" | awk '/^Latencies/{print "p50 " $11 " p90 " $12 " p99 " $14}')
   ok=$("$VEGETA" report -type=text "$d/results.bin" | awk '/^Success/{print $3}')
   hz=$(getconf CLK_TCK)
