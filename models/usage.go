@@ -38,9 +38,9 @@ const (
 type Usage struct {
 	InferenceID string `gorm:"primaryKey;size:40"`
 	// Every index here is one more B-tree the ledger writes for every row
-	// (a third of the SQLite writer's CPU per row went to rebalancing the
-	// right edges of seven of them), so each serves a query that needs it;
-	// see usageIndexes.
+	// (rebalancing the right edges of seven of them was ~40 % of the SQLite
+	// writer's CPU at 1,000 req/s, BENCHMARKS.md §22), so each serves a
+	// query that needs it; TestUsageIndexes pins the set.
 	//
 	// Outcome and CreatedAt are indexed together for the dashboards'
 	// "recent rejections" and "recent errors" (newest rows of an outcome)
