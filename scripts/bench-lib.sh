@@ -28,10 +28,13 @@ bench_serve() {
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 }
 
-# bench_mock DIR builds the shared bench mock into DIR and starts it on
-# 127.0.0.1:18080, on core 0; sets mock to its pid.
+# bench_mock DIR [FLAGS...] builds the shared bench mock into DIR and starts
+# it on 127.0.0.1:18080, on core 0, with FLAGS (e.g. -chunks 5); sets mock
+# to its pid.
 bench_mock() {
-  (cd "$BENCH/mockup" && go build -o "$1/mockup" main.go)
-  taskset -c 0 "$1/mockup" -listen 127.0.0.1:18080 >/dev/null 2>&1 &
+  local d=$1
+  shift
+  (cd "$BENCH/mockup" && go build -o "$d/mockup" main.go)
+  taskset -c 0 "$d/mockup" -listen 127.0.0.1:18080 "$@" >/dev/null 2>&1 &
   mock=$!
 }

@@ -4,11 +4,14 @@
 # Runs, one after the other against the same mock: Moonji with the ledger in
 # SQLite (the embedded default), Moonji with the ledger in PostgreSQL and
 # Redis rate limits, then nginx. Each prints its table; all land in
-# $WORK/results.
+# $WORK/results. "floor" (not run by default) adds scripts/floorproxy: a Go
+# reverse proxy with nothing in it, fasthttp's server and client, on one
+# core (GOMAXPROCS 1) — what any Go gateway costs on this machine.
 #
 #   scripts/bench-overhead.sh                 (about 3 x 9 minutes)
 #   ROUNDS=1 RATE_DUR=5s scripts/bench-overhead.sh   (a quick look)
 #   ONLY="sqlite nginx" scripts/bench-overhead.sh
+#   ONLY="sqlite postgres floor nginx" scripts/bench-overhead.sh
 #   MOONJI_BIN=/tmp/moonji-before LABEL_PREFIX=before- ONLY=sqlite scripts/bench-overhead.sh
 #                                  (another build, e.g. an earlier commit's)
 #
@@ -49,6 +52,14 @@ for what in $ONLY; do
       psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
       run_moonji moonji-postgres "$PG&search_path=$schema" "$REDIS"
       psql "$PG" -qc "DROP SCHEMA $schema CASCADE" >/dev/null ;;
+    floor)
+      go build -o "$dir/floorproxy" ./scripts/floorproxy
+      # Started on its core, so that Go sizes GOMAXPROCS to it.
+      taskset -c "${CORE_GW:-1}" "$dir/floorproxy" -listen "127.0.0.1:$port" -upstream 127.0.0.1:18080 &
+      server=$!
+      sleep 0.5
+      GW_PID=$server LABEL=go-floor "$BENCH/overhead.sh" "http://127.0.0.1:$port/v1"
+      kill "$server"; wait "$server" 2>/dev/null || true; server="" ;;
     nginx)
       "$BENCH/nginx-baseline.sh" start
       GW_PID=$(pgrep -P "$(cat /tmp/bench-nginx/nginx.pid)") LABEL=nginx "$BENCH/overhead.sh" http://127.0.0.1:8090/v1

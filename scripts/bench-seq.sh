@@ -4,22 +4,32 @@
 # on core 1 (SQLite, no Redis), and the shared bench client sending 2,000
 # requests one at a time, three times, to the mock directly and through the
 # gateway. Prints, per build, the added p50 of each run (gateway - direct).
+# MODE=stream measures a stream's first byte instead: 300 streams of 5
+# chunks 5 ms apart (CHUNKS=50 and N=200 for the harness's streams).
 #
 #   scripts/bench-seq.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   MODE=stream scripts/bench-seq.sh /tmp/moonji-a /tmp/floorproxy
 #
-# A "build" may be a wrapper script, e.g. one that sets GOMAXPROCS=1.
+# A "build" may be a wrapper script, e.g. one that sets GOMAXPROCS=1, or
+# scripts/floorproxy (go build -o /tmp/floorproxy ./scripts/floorproxy):
+# a proxy with nothing in it, the floor for a Go gateway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 . scripts/bench-lib.sh
-[ $# -ge 1 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 dir=$(mktemp -d)
 (cd "$BENCH/benchcli" && go build -o "$dir/benchcli" main.go)
-bench_mock "$dir"
+MODE=${MODE:-seq}
+case $MODE in
+  seq) bench_mock "$dir"; n=${N:-2000}; warm=50; stat=p50 ;;
+  stream) bench_mock "$dir" -chunks "${CHUNKS:-5}"; n=${N:-300}; warm=5; stat="ttfb p50" ;;
+  *) echo "MODE is seq or stream" >&2; exit 2 ;;
+esac
 server=""
 trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
 sleep 0.5
-p50() { "$@" | sed -E 's/.*p50=([0-9.]+)ms.*/\1/'; }
+p50() { "$@" | sed -E "s/.*$stat=([0-9.]+)ms.*/\\1/"; }
 for bin in "$@"; do
   d=$(mktemp -d -p "$dir")
   bench_config "$d/moonji.yaml" 18092 "sqlite://$d/moonji.db"
@@ -27,11 +37,11 @@ for bin in "$@"; do
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   gw=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18092/v1 -model gpt-4o-mini -H "Authorization: Bearer $key")
   direct=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18080/v1 -model gpt-4o-mini)
-  "${gw[@]}" -mode seq -n 500 -warmup 0 -out /dev/null >/dev/null # warm-up
+  "${gw[@]}" -mode "$MODE" -n 50 -warmup 0 -out "$d/warm" >/dev/null # warm-up
   line="$(basename "$bin"):"
   for _ in 1 2 3; do
-    d50=$(p50 "${direct[@]}" -mode seq -n 2000 -warmup 50 -out /dev/null)
-    g50=$(p50 "${gw[@]}" -mode seq -n 2000 -warmup 50 -out /dev/null)
+    d50=$(p50 "${direct[@]}" -mode "$MODE" -n "$n" -warmup $warm -out "$d/direct")
+    g50=$(p50 "${gw[@]}" -mode "$MODE" -n "$n" -warmup $warm -out "$d/gateway")
     line="$line $(awk -v g="$g50" -v d="$d50" 'BEGIN { printf "%+.3fms (direct %.3f)", g - d, d }')"
   done
   echo "$line"
