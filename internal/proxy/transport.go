@@ -27,8 +27,8 @@ import (
 // open stream (BENCHMARKS.md §13). Here a request is written and its
 // answer read on the caller's goroutine, and cancelling the context closes
 // the connection through context.AfterFunc, which costs no goroutine while
-// it waits. Headers are parsed by net/http (http.ReadResponse), bodies
-// decoded by it too (chunked, Content-Length); what is left is the pool.
+// it waits. The answer's status and the few headers the gateway uses are
+// read by readResponse (response.go).
 type transport struct {
 	dialer  net.Dialer
 	mu      sync.Mutex
@@ -171,9 +171,8 @@ func (ec *engineConn) exchange(method string, header, body []byte) (*http.Respon
 	}
 	ec.lim.n = maxResponseHeader
 	defer func() { ec.lim.n = -1 }()
-	req := &http.Request{Method: method}
 	for {
-		resp, err := http.ReadResponse(ec.br, req)
+		resp, err := readResponse(ec.br, method)
 		if err != nil {
 			return nil, err
 		}
