@@ -26,9 +26,10 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"regexp"
 
 	"github.com/valyala/fasthttp"
+
+	"moonji/internal/config"
 )
 
 func main() {
@@ -106,26 +107,24 @@ func (a *answer) Close() error {
 	return err
 }
 
-var (
-	listenLine = regexp.MustCompile(`(?m)^listen:\s*"?([^"\s]+)`)
-	backendURL = regexp.MustCompile(`url:\s*"?https?://([^/"\s,}]+)`)
-)
-
 // fromConfig reads the listen address and the first backend's host from a
-// moonji config file (--config FILE).
+// moonji config file (--config FILE), with moonji's own loader.
 func fromConfig(args []string) (listen, upstream string, err error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	config := fs.String("config", "", "moonji config file")
+	path := fs.String("config", "", "moonji config file")
 	if err := fs.Parse(args); err != nil {
 		return "", "", err
 	}
-	data, err := os.ReadFile(*config)
+	cfg, err := config.Load(*path)
 	if err != nil {
 		return "", "", err
 	}
-	l, u := listenLine.FindSubmatch(data), backendURL.FindSubmatch(data)
-	if l == nil || u == nil {
-		return "", "", fmt.Errorf("%s: no listen address or backend url", *config)
+	if len(cfg.Backends) == 0 || cfg.Backends[0].URL == "" {
+		return "", "", fmt.Errorf("%s: no backend with a url", *path)
 	}
-	return string(l[1]), string(u[1]), nil
+	u, err := url.Parse(cfg.Backends[0].URL)
+	if err != nil {
+		return "", "", fmt.Errorf("%s: backend url: %w", *path, err)
+	}
+	return cfg.Listen, u.Host, nil
 }
