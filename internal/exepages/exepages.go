@@ -36,18 +36,33 @@ type mapping struct {
 	perms      string
 	dev        string // major:minor, in hex, as smaps prints it
 	inode      uint64
+	path       string
 	rss        int64 // bytes
 	anonymous  int64 // bytes
 	clean      bool  // smaps said Anonymous: 0 kB
 }
 
-// readOnlyFileMappings parses smaps and returns the mappings of the file
-// (dev, inode) that are not writable and hold no anonymous page.
-func readOnlyFileMappings(smaps io.Reader, dev string, inode uint64) ([]mapping, error) {
+// file names the executable as smaps shows it: by device and inode, and by
+// path. Either is enough: on an overlay file system (a container's) the
+// mappings show the lower layer's device and inode, which stat of
+// /proc/self/exe does not.
+type file struct {
+	dev   string // major:minor, in hex
+	inode uint64
+	path  string // as /proc/self/exe reads, " (deleted)" included
+}
+
+func (f file) is(m *mapping) bool {
+	return (m.dev == f.dev && m.inode == f.inode) || (f.path != "" && m.path == f.path)
+}
+
+// readOnlyFileMappings parses smaps and returns the mappings of exe that
+// are not writable and hold no anonymous page.
+func readOnlyFileMappings(smaps io.Reader, exe file) ([]mapping, error) {
 	var out []mapping
 	var cur *mapping
 	flush := func() {
-		if cur != nil && cur.dev == dev && cur.inode == inode && !strings.Contains(cur.perms, "w") && cur.clean {
+		if cur != nil && exe.is(cur) && !strings.Contains(cur.perms, "w") && cur.clean {
 			out = append(out, *cur)
 		}
 		cur = nil
@@ -83,8 +98,7 @@ func readOnlyFileMappings(smaps io.Reader, dev string, inode uint64) ([]mapping,
 //
 //	00400000-01721000 r-xp 00000000 fd:01 1234567   /usr/bin/moonji (deleted)
 //
-// The path may hold spaces or be absent; only the first five fields are
-// read.
+// The path, the rest of the line, may hold spaces or be absent.
 func parseHeader(line []byte) (mapping, bool) {
 	f := bytes.Fields(line)
 	if len(f) < 5 {
@@ -100,7 +114,17 @@ func parseHeader(line []byte) (mapping, bool) {
 	if err1 != nil || err2 != nil || err3 != nil || end <= start {
 		return mapping{}, false
 	}
-	return mapping{start: start, end: end, perms: string(f[1]), dev: string(f[3]), inode: inode}, true
+	// The path is what follows the fifth field.
+	path := ""
+	if len(f) > 5 {
+		rest := line
+		for range 5 {
+			rest = bytes.TrimLeft(rest, " \t")
+			rest = rest[bytes.IndexAny(rest, " \t"):]
+		}
+		path = string(bytes.TrimLeft(rest, " \t"))
+	}
+	return mapping{start: start, end: end, perms: string(f[1]), dev: string(f[3]), inode: inode, path: path}, true
 }
 
 // field reads a "Name:   123 kB" line of smaps, in bytes.

@@ -33,22 +33,35 @@ Anonymous:             0 kB
 Size:                 64 kB
 Rss:                  64 kB
 Anonymous:             0 kB
+7fda11d00000-7fda11d10000 r--p 00000000 00:2a 77                         /usr/bin/moonji (deleted)
+Size:                 64 kB
+Rss:                  64 kB
+Anonymous:             0 kB
+7fda11d10000-7fda11d20000 r--p 00000000 00:2a 78                         /usr/bin/moonji
+Size:                 64 kB
+Rss:                  64 kB
+Anonymous:             0 kB
 7ffd1c5e4000-7ffd1c5e6000 r-xp 00000000 00:00 0                          [vdso]
 Rss:                   8 kB
 Anonymous:             0 kB
 `
 
+var exe = file{dev: "fd:01", inode: 4242, path: "/usr/bin/moonji (deleted)"}
+
 // Only the executable's read-only mappings without a private copy of any
-// page are chosen: not its data, not a read-only mapping with a copied page,
-// not another file, not the same inode on another device.
+// page are chosen, found by device and inode or by path: not its data, not a
+// read-only mapping with a copied page, not another file (the same inode on
+// another device, the path without " (deleted)").
 func TestReadOnlyFileMappings(t *testing.T) {
-	got, err := readOnlyFileMappings(strings.NewReader(smaps), "fd:01", 4242)
+	got, err := readOnlyFileMappings(strings.NewReader(smaps), exe)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []mapping{
-		{start: 0x400000, end: 0x1721000, perms: "r-xp", dev: "fd:01", inode: 4242, rss: 14136 << 10, clean: true},
-		{start: 0x1721000, end: 0x2bcc000, perms: "r--p", dev: "fd:01", inode: 4242, rss: 18092 << 10, clean: true},
+		{start: 0x400000, end: 0x1721000, perms: "r-xp", dev: "fd:01", inode: 4242, path: "/usr/bin/moonji (deleted)", rss: 14136 << 10, clean: true},
+		{start: 0x1721000, end: 0x2bcc000, perms: "r--p", dev: "fd:01", inode: 4242, path: "/usr/bin/moonji (deleted)", rss: 18092 << 10, clean: true},
+		// Another device and inode (an overlay's lower layer), the same path.
+		{start: 0x7fda11d00000, end: 0x7fda11d10000, perms: "r--p", dev: "00:2a", inode: 77, path: "/usr/bin/moonji (deleted)", rss: 64 << 10, clean: true},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d mappings, want %d: %+v", len(got), len(want), got)
@@ -73,10 +86,12 @@ func TestReadOnlyFileMappingsHostile(t *testing.T) {
 		"00400000-01721000 r-xp 00000000 fd:01 -1 /x\nAnonymous: 0 kB\n",
 		"00400000-01721000 r-xpx 00000000 fd:01 4242 /x\nAnonymous: 0 kB\n",
 		"Anonymous: 0 kB\n",
+		"00400000-01721000 r-xp 00000000 00:00 0\nAnonymous: 0 kB\n",
+		"00400000-01721000 r-xp 00000000 fd:02 4242 /usr/bin/moonji\nAnonymous: 0 kB\n",
 		"",
 		strings.Repeat("x", 2<<20),
 	} {
-		got, err := readOnlyFileMappings(strings.NewReader(in), "fd:01", 4242)
+		got, err := readOnlyFileMappings(strings.NewReader(in), exe)
 		if len(got) != 0 {
 			t.Errorf("%.60q: chose %+v (err %v)", in, got, err)
 		}
@@ -86,9 +101,9 @@ func TestReadOnlyFileMappingsHostile(t *testing.T) {
 func FuzzReadOnlyFileMappings(f *testing.F) {
 	f.Add(smaps)
 	f.Fuzz(func(t *testing.T, in string) {
-		got, _ := readOnlyFileMappings(strings.NewReader(in), "fd:01", 4242)
+		got, _ := readOnlyFileMappings(strings.NewReader(in), exe)
 		for _, m := range got {
-			if m.end <= m.start || strings.Contains(m.perms, "w") || !m.clean || m.anonymous != 0 || m.inode != 4242 {
+			if m.end <= m.start || strings.Contains(m.perms, "w") || !m.clean || m.anonymous != 0 || !exe.is(&m) {
 				t.Fatalf("chose %+v", m)
 			}
 		}

@@ -15,12 +15,13 @@ func Release() (int64, error) {
 	if err := unix.Stat("/proc/self/exe", &st); err != nil {
 		return 0, fmt.Errorf("stat the executable: %w", err)
 	}
-	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+	exe := file{dev: fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), inode: st.Ino}
+	exe.path, _ = os.Readlink("/proc/self/exe")
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
 		return 0, fmt.Errorf("open smaps: %w", err)
 	}
-	maps, err := readOnlyFileMappings(f, dev, st.Ino)
+	maps, err := readOnlyFileMappings(f, exe)
 	f.Close()
 	if err != nil {
 		return 0, err

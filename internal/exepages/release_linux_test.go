@@ -49,7 +49,7 @@ func TestRelease(t *testing.T) {
 		t.Errorf("RssFile %d → %d bytes after releasing %d", before, after, released)
 	}
 	// The code and data the test uses come back on their own.
-	if _, err := readOnlyFileMappings(strings.NewReader(smaps), "fd:01", 4242); err != nil {
+	if _, err := readOnlyFileMappings(strings.NewReader(smaps), exe); err != nil {
 		t.Fatal(err)
 	}
 	if again, err := Release(); err != nil || again >= released {
