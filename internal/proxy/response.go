@@ -70,7 +70,7 @@ func readResponse(br *bufio.Reader, method string) (*http.Response, error) {
 			if !ok {
 				return nil, fmt.Errorf("bad Content-Length %q from the engine", clip(value))
 			}
-			if resp.ContentLength >= 0 && resp.ContentLength != int64(n) {
+			if resp.ContentLength >= 0 && resp.ContentLength != n {
 				return nil, errors.New("engine sent Content-Lengths that disagree")
 			}
 			resp.ContentLength = n
