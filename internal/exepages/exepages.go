@@ -14,7 +14,9 @@
 // once the server is up. They stay in the kernel's page cache, so a page
 // that is used again comes back on its first touch as a minor fault, from
 // memory, with no disk read; what is never touched again no longer counts
-// against the process and is freed first when memory runs short. Only
+// against the process and is freed first when memory runs short (a page
+// freed that way and needed later is read from disk again, as any page of a
+// program that has not run for a while may be). Only
 // mappings of the executable that are read-only and hold no private copy of
 // any page (smaps' Anonymous: 0) are advised: for them the file's contents
 // and the process's view are the same bytes, so dropping the mapping loses
