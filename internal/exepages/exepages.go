@@ -16,11 +16,11 @@
 // memory, with no disk read; what is never touched again no longer counts
 // against the process and is freed first when memory runs short (a page
 // freed that way and needed later is read from disk again, as any page of a
-// program that has not run for a while may be). Only
-// mappings of the executable that are read-only and hold no private copy of
-// any page (smaps' Anonymous: 0) are advised: for them the file's contents
-// and the process's view are the same bytes, so dropping the mapping loses
-// nothing. A writable or copied-on-write page is never touched.
+// program that has not run for a while may be). Only mappings of the
+// executable that are read-only and hold no private copy of any page
+// (smaps' Anonymous: 0) are advised: for them the file's contents and the
+// process's view are the same bytes, so dropping the mapping loses nothing.
+// A writable or copied-on-write page is never touched.
 package exepages
 
 import (
@@ -40,7 +40,6 @@ type mapping struct {
 	inode      uint64
 	path       string
 	rss        int64 // bytes
-	anonymous  int64 // bytes
 	clean      bool  // smaps said Anonymous: 0 kB
 }
 
@@ -83,10 +82,10 @@ func readOnlyFileMappings(smaps io.Reader, exe file) ([]mapping, error) {
 		}
 		if v, ok := field(line, "Rss:"); ok {
 			cur.rss = v
-		} else if v, ok := field(line, "Anonymous:"); ok {
-			cur.anonymous, cur.clean = v, v == 0
 		} else if bytes.HasPrefix(line, []byte("Anonymous:")) {
-			cur.anonymous, cur.clean = 0, false // unreadable: not known to be clean
+			// An unreadable value is not known to be 0: not clean.
+			v, ok := field(line, "Anonymous:")
+			cur.clean = ok && v == 0
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -243,7 +243,8 @@ func validHeaderValue(b []byte) bool {
 	return true
 }
 
-// asciiEqualFold compares b and s ignoring ASCII case.
+// asciiEqualFold compares b and s ignoring ASCII case. bytes.EqualFold
+// folds Unicode too (the Kelvin sign is a k there), as HTTP does not.
 func asciiEqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
