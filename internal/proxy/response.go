@@ -194,10 +194,31 @@ func parseLength(v []byte) (int64, bool) {
 // buffer is read in pieces into a larger buffer; the caller's limitedReader
 // bounds how much in all.
 func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := readRawLine(br, -1)
+	if err != nil {
+		return nil, err
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
+}
+
+// errLineTooLong is readRawLine's answer to a line past its limit.
+var errLineTooLong = errors.New("line too long")
+
+// readRawLine returns the next line of br with its LF. The slice is valid
+// until the next read. A line longer than br's buffer is read in pieces
+// into a larger buffer, up to max bytes (no bound when max is negative).
+func readRawLine(br *bufio.Reader, max int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err == bufio.ErrBufferFull {
 		long := append([]byte(nil), line...)
 		for err == bufio.ErrBufferFull {
+			if max >= 0 && len(long) > max {
+				return nil, errLineTooLong
+			}
 			line, err = br.ReadSlice('\n')
 			long = append(long, line...)
 		}
@@ -209,9 +230,8 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 		}
 		return nil, err
 	}
-	line = line[:len(line)-1]
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
+	if max >= 0 && len(line) > max {
+		return nil, errLineTooLong
 	}
 	return line, nil
 }
@@ -348,7 +368,10 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 func (b *chunkedBody) readTrailer() error {
 	read := 0
 	for {
-		line, err := b.br.ReadSlice('\n')
+		line, err := readRawLine(b.br, maxTrailer-read+len(crlf))
+		if err == errLineTooLong {
+			return errors.New("engine's chunked body trailer too large")
+		}
 		if err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF

@@ -35,6 +35,9 @@ func TestReadResponse(t *testing.T) {
 		{name: "chunked stream with a trailer", in: "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: Chunked\r\n\r\n" +
 			"f;ext=1\r\ndata: {\"a\":1}\n\n\r\n0\r\nX-Trailer: 1\r\n\r\n",
 			status: 200, ct: "text/event-stream", body: "data: {\"a\":1}\n\n", length: -1, chunked: true},
+		{name: "trailer lines longer than the buffer", in: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n" +
+			"X-A: " + long[:1000] + "\r\nX-B: " + long[:1000] + "\r\n\r\n",
+			status: 200, body: "hi", length: -1, chunked: true},
 		{name: "chunked wins over a length", in: "HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
 			status: 200, body: "hi", length: -1, chunked: true},
 		{name: "LF line endings", in: "HTTP/1.1 201 Created\nContent-Length: 2\n\nok", status: 201, body: "ok", length: 2},
@@ -110,6 +113,9 @@ func TestReadResponseHostile(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: " + strings.Repeat("t", maxTrailer) + "\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: 1\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: " + strings.Repeat("t", 2000) + "\r\nY: " + strings.Repeat("t", 2000) + "\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: " + strings.Repeat("t", 1000) + "\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: " + strings.Repeat("t", 1<<20),
 	} {
 		br := bufio.NewReaderSize(strings.NewReader(in), connReadBuffer)
 		if resp, body, err := readAll(t, br, http.MethodPost); err == nil {
