@@ -74,7 +74,7 @@ func releaseStartupPages(log *slog.Logger) {
 		log.Warn("could not release the executable's start-up pages", "err", err)
 		return
 	}
-	log.Debug("released the executable's start-up pages", "bytes", n)
+	log.Info("released the executable's start-up pages", "bytes", n)
 }
 
 // startPprof serves Go's profiler on addr (MOONJI_PPROF, e.g.
