@@ -117,8 +117,9 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 		c.Pools = append(c.Pools, ps)
 	}
 	c.OnChange = func(backend string, inFlight, queued int) {
-		s.Metrics.InFlight.WithLabelValues(backend).Set(float64(inFlight))
-		s.Metrics.Queued.WithLabelValues(backend).Set(float64(queued))
+		b := s.Metrics.Backend(backend)
+		b.InFlight.Set(float64(inFlight))
+		b.Queued.Set(float64(queued))
 	}
 	c.Log = s.log.With("component", "admission")
 	if s.Redis != nil && !cfg.LocalConcurrency {

@@ -351,7 +351,7 @@ func (g *Gateway) count(model, outcome string) {
 	if _, ok := g.routes[model]; !ok {
 		model = "unknown"
 	}
-	g.metrics.Requests.WithLabelValues(model, outcome).Inc()
+	g.metrics.Model(model).Requests(outcome).Inc()
 }
 
 // ChatCompletions serves one chat request from parsing to the final ledger row.
@@ -585,7 +585,7 @@ func (x *exchange) take(slot *admission.Slot) {
 	x.backend = x.route.backend(slot.Backend())
 	x.row.Backend = x.backend.Name
 	x.row.QueueMs += slot.Waited().Milliseconds()
-	x.g.metrics.QueueWait.WithLabelValues(x.backend.Name).Observe(slot.Waited().Seconds())
+	x.g.metrics.Backend(x.backend.Name).QueueWait.Observe(slot.Waited().Seconds())
 }
 
 // backendName names the backend of the request's slot, or its pool while
@@ -1161,15 +1161,16 @@ func (x *exchange) finish() {
 	}
 	x.cancel(nil)
 	g, row := x.g, &x.row
+	mm := g.metrics.Model(row.Model)
 	row.DurationMs = end.Sub(x.call.Start).Milliseconds()
 	if !x.firstTok.IsZero() {
 		ttft := x.firstTok.Sub(x.call.Start)
 		ms := ttft.Milliseconds()
 		row.TTFTMs = &ms
-		g.metrics.TTFT.WithLabelValues(row.Model).Observe(ttft.Seconds())
+		mm.TTFT.Observe(ttft.Seconds())
 		if row.CompletionTokens > 1 {
 			if decode := end.Sub(x.firstTok).Seconds(); decode > 0 {
-				g.metrics.DecodeSpeed.WithLabelValues(row.Model).Observe(float64(row.CompletionTokens-1) / decode)
+				mm.DecodeSpeed.Observe(float64(row.CompletionTokens-1) / decode)
 			}
 		}
 	}
@@ -1195,7 +1196,7 @@ func (x *exchange) finish() {
 		x.stopRun.End()
 	}
 	g.count(row.Model, row.Outcome)
-	g.metrics.Duration.WithLabelValues(row.Model).Observe(end.Sub(x.call.Start).Seconds())
-	g.metrics.PromptTokens.WithLabelValues(row.Model).Add(float64(row.PromptTokens))
-	g.metrics.CompletionToks.WithLabelValues(row.Model).Add(float64(row.CompletionTokens))
+	mm.Duration.Observe(end.Sub(x.call.Start).Seconds())
+	mm.PromptTokens.Add(float64(row.PromptTokens))
+	mm.CompletionTokens.Add(float64(row.CompletionTokens))
 }
