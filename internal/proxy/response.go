@@ -210,13 +210,13 @@ var errLineTooLong = errors.New("line too long")
 
 // readRawLine returns the next line of br with its LF. The slice is valid
 // until the next read. A line longer than br's buffer is read in pieces
-// into a larger buffer, up to max bytes (no bound when max is negative).
-func readRawLine(br *bufio.Reader, max int) ([]byte, error) {
+// into a larger buffer, up to limit bytes (no bound when limit is negative).
+func readRawLine(br *bufio.Reader, limit int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err == bufio.ErrBufferFull {
 		long := append([]byte(nil), line...)
 		for err == bufio.ErrBufferFull {
-			if max >= 0 && len(long) > max {
+			if limit >= 0 && len(long) > limit {
 				return nil, errLineTooLong
 			}
 			line, err = br.ReadSlice('\n')
@@ -230,7 +230,7 @@ func readRawLine(br *bufio.Reader, max int) ([]byte, error) {
 		}
 		return nil, err
 	}
-	if max >= 0 && len(line) > max {
+	if limit >= 0 && len(line) > limit {
 		return nil, errLineTooLong
 	}
 	return line, nil
