@@ -503,39 +503,54 @@ func (l *Ledger) writeBatch(batch []op, final bool) {
 }
 
 // slowCommits notices a committer that is starved of CPU by other
-// processes. At nice 19 the thread gets a core only when nothing else wants
-// it. When what else wants it is this gateway's own request threads, that
-// is the point; but beside a process that keeps every core busy at normal
-// priority — an inference engine on the CPU, the usual neighbour of a
-// self-hosted gateway — it gets about 1.5 % of one, and a batch of 10 ms of
-// work takes most of a second while holding SQLite's write lock. So after
+// processes. Its thread (background) gets a core only when nothing else
+// wants it. When what else wants it is this gateway's own request threads,
+// that is the point; but beside a process that keeps every core busy at
+// normal priority — an inference engine on the CPU, the usual neighbour of
+// a self-hosted gateway — it gets well under 1 % of one, and a batch of 5 ms
+// of work takes a second or more while holding SQLite's write lock. So after
 // each batch the committer compares the time the batch took with the CPU
 // time the whole process used meanwhile: a slow batch during which the
 // process itself was mostly idle was starved by others, and the writer
-// writes the next batches itself, at normal priority, for slowFor. (A batch
-// that waited for SQLite's write lock looks the same and is handled the
-// same; writing at normal priority then costs nothing.) The committer's
-// thread cannot be raised back instead: an unprivileged process may only
-// lower a priority.
+// writes the next batches itself, at normal priority, for slowFor — twice as
+// long after each batch in a row that was starved again, up to slowForMax,
+// so that a neighbour that stays busy costs one slow batch every half
+// minute, not one a second. (A batch that waited for SQLite's write lock
+// looks the same and is handled the same; writing at normal priority then
+// costs nothing.) The committer's thread cannot be raised back instead: an
+// unprivileged process may only lower a priority.
 type slowCommits struct {
 	until    atomic.Int64 // unix nanoseconds; 0: not slow
 	bypassed atomic.Int64 // batches written around the committer (tests read it)
+	streak   int          // starved batches in a row (the committer's alone)
 }
 
 const (
-	slowWall  = 30 * time.Millisecond // a batch slower than this …
-	slowRatio = 4                     // … while the process used under 1/4 of a core
-	slowFor   = time.Second
+	slowWall   = 30 * time.Millisecond // a batch slower than this …
+	slowRatio  = 4                     // … while the process used under 1/4 of a core
+	slowFor    = time.Second
+	slowForMax = 32 * time.Second
 )
 
 // observe records one batch the committer wrote (how long it took, and the
-// CPU time the process used meanwhile), and reports whether it was starved.
-func (s *slowCommits) observe(wall, cpu time.Duration, now time.Time) bool {
+// CPU time the process used meanwhile), and reports whether it was starved,
+// and if so for how long the next batches go around the committer.
+func (s *slowCommits) observe(wall, cpu time.Duration, now time.Time) (time.Duration, bool) {
 	if wall < slowWall || slowRatio*cpu > wall {
-		return false
+		s.streak = 0
+		return 0, false
 	}
-	s.until.Store(now.Add(slowFor).UnixNano())
-	return true
+	d := s.bypassFor()
+	s.until.Store(now.Add(d).UnixNano())
+	s.streak++
+	return d, true
+}
+
+// bypassFor is how long batches go around the committer after the one just
+// observed was starved: slowFor, doubled for each starved batch before it in
+// a row, at most slowForMax.
+func (s *slowCommits) bypassFor() time.Duration {
+	return min(slowFor<<min(s.streak, 6), slowForMax)
 }
 
 // active reports whether batches go around the committer now.
@@ -548,9 +563,10 @@ func (s *slowCommits) active(now time.Time) bool {
 // (background). SQLite is compiled Go here, so its work runs on whichever
 // thread calls it; a batch of a hundred rows is milliseconds of CPU, and on
 // a one-core gateway the requests that arrived meanwhile waited behind it:
-// that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At nice 19 the
-// kernel runs the request threads first; the process is lent a second P
-// for them while it writes (spareproc, in writeBatch). Only whole batches
+// that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At the lowest
+// priority (SCHED_IDLE) the kernel runs the request threads first, and at
+// once; the process is lent a second P for them while it writes
+// (spareproc, in writeBatch). Only whole batches
 // cross to this goroutine: a locked thread pays a thread switch on every wake-up, too much for each
 // row the writer gathers. A writer that falls behind (its queue a quarter
 // full) writes at normal priority instead, so that a saturated core cannot
@@ -565,9 +581,10 @@ func (l *Ledger) committer() {
 		l.write(w.batch, w.final)
 		if lowered {
 			wall := time.Since(start)
-			if used := processCPU() - cpu; l.slow.observe(wall, used, time.Now()) {
+			used := processCPU() - cpu
+			if bypass, starved := l.slow.observe(wall, used, time.Now()); starved {
 				l.log.Info("usage batch starved of CPU at low priority; writing at normal priority for a while",
-					"took", wall, "process_cpu", used, "for", slowFor)
+					"took", wall, "process_cpu", used, "for", bypass)
 			}
 		}
 		l.written <- struct{}{}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"gorm.io/gorm"
 
 	"moonji/internal/spareproc"
@@ -18,9 +19,10 @@ import (
 )
 
 // TestSQLiteCommitterRunsAtLowPriority: on SQLite, batches are written by
-// a thread at nice 19, so that the kernel runs request threads first.
+// a thread at nice 19 and of the SCHED_IDLE policy, so that the kernel runs
+// request threads first, and at once.
 func TestSQLiteCommitterRunsAtLowPriority(t *testing.T) {
-	before := nicedThreads(t)
+	before, idleBefore := nicedThreads(t)
 	l := open(t)
 	l.Record(row("low-priority-1"))
 	if err := l.Flush(context.Background()); err != nil {
@@ -29,20 +31,23 @@ func TestSQLiteCommitterRunsAtLowPriority(t *testing.T) {
 	if got := get(t, l, "low-priority-1"); got.InferenceID != "low-priority-1" {
 		t.Fatalf("row not written: %+v", got)
 	}
-	if after := nicedThreads(t); after <= before {
+	after, idleAfter := nicedThreads(t)
+	if after <= before {
 		t.Fatalf("%d threads at nice 19 with a SQLite ledger open, %d before: the committer's thread was not lowered", after, before)
+	}
+	if idleAfter <= idleBefore {
+		t.Fatalf("%d threads of the SCHED_IDLE policy with a SQLite ledger open, %d before", idleAfter, idleBefore)
 	}
 }
 
-// nicedThreads counts this process's threads at nice 19 (field 19 of
-// /proc/self/task/TID/stat).
-func nicedThreads(t *testing.T) int {
+// nicedThreads counts this process's threads at nice 19, and those of the
+// SCHED_IDLE policy (fields 19 and 41 of /proc/self/task/TID/stat).
+func nicedThreads(t *testing.T) (niced, idle int) {
 	t.Helper()
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		t.Skip("no /proc:", err)
 	}
-	n := 0
 	for _, task := range tasks {
 		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
 		if err != nil {
@@ -51,10 +56,13 @@ func nicedThreads(t *testing.T) int {
 		s := string(b)
 		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
 		if nice, err := strconv.Atoi(fields[16]); err == nil && nice == 19 {
-			n++
+			niced++
+		}
+		if policy, err := strconv.Atoi(fields[38]); err == nil && policy == unix.SCHED_IDLE {
+			idle++
 		}
 	}
-	return n
+	return niced, idle
 }
 
 func TestSlowCommitsObserve(t *testing.T) {
@@ -69,7 +77,7 @@ func TestSlowCommitsObserve(t *testing.T) {
 		{900 * time.Millisecond, 10 * time.Millisecond, true},
 	} {
 		var s slowCommits
-		if got := s.observe(c.wall, c.cpu, now); got != c.starved {
+		if _, got := s.observe(c.wall, c.cpu, now); got != c.starved {
 			t.Errorf("observe(%v, %v) = %v, want %v", c.wall, c.cpu, got, c.starved)
 		}
 		if got := s.active(now.Add(slowFor / 2)); got != c.starved {
@@ -78,6 +86,40 @@ func TestSlowCommitsObserve(t *testing.T) {
 		if s.active(now.Add(slowFor)) {
 			t.Errorf("after observe(%v, %v): still active after %v", c.wall, c.cpu, slowFor)
 		}
+	}
+}
+
+// TestSlowCommitsBackOff: a committer starved batch after batch goes
+// unused for longer each time (a neighbour that keeps the CPU busy would
+// otherwise cost a batch of a second or more every slowFor), and one batch
+// written in time resets that.
+func TestSlowCommitsBackOff(t *testing.T) {
+	var s slowCommits
+	now := time.Now()
+	starve := func() time.Duration {
+		t.Helper()
+		d, starved := s.observe(500*time.Millisecond, 0, now)
+		if !starved {
+			t.Fatal("a batch of 500 ms with the process idle was not starved")
+		}
+		if !s.active(now.Add(d-time.Millisecond)) || s.active(now.Add(d)) {
+			t.Fatalf("bypass for %v reported, but active does not end then", d)
+		}
+		return d
+	}
+	var got []time.Duration
+	for range 8 {
+		got = append(got, starve())
+	}
+	want := []time.Duration{slowFor, 2 * slowFor, 4 * slowFor, 8 * slowFor, 16 * slowFor, slowForMax, slowForMax, slowForMax}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("bypass after each starved batch in a row: %v, want %v", got, want)
+	}
+	if _, starved := s.observe(time.Millisecond, 0, now); starved {
+		t.Fatal("a quick batch was starved")
+	}
+	if d := starve(); d != slowFor {
+		t.Fatalf("after a batch written in time, the next starved one bypasses for %v, want %v", d, slowFor)
 	}
 }
 
