@@ -90,7 +90,7 @@ type Ledger struct {
 	// commits, on SQLite, hands batches to the goroutine that writes them
 	// on a thread of low priority (committer); nil elsewhere.
 	commits  chan batchWrite
-	written  chan struct{}
+	written  chan stored
 	nCommits int
 	onWrite  func(rows int, took time.Duration, err error)
 	// The most rows one statement writes, and whether the writer pauses
@@ -107,10 +107,11 @@ type Ledger struct {
 	journal      Journal
 	pendingAfter time.Duration
 	young        youngRows // the writer's: deferred Begins, oldest first
+	scratch      scratch   // store's
 	// running holds the deferred Begins until their row is in the
 	// database, for Running.
 	runMu   sync.Mutex
-	running map[string]models.Usage
+	running map[string]*models.Usage // never changed once in: Begin's own copy
 }
 
 // New starts a ledger writing to db. Call Close to flush and stop it.
@@ -119,11 +120,11 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 		log = slog.Default()
 	}
 	l := &Ledger{db: db, ops: make(chan *op, maxQueued), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
-		running: map[string]models.Usage{}, young: youngRows{byID: map[string]int{}}, maxRows: chunkSizes[0]}
+		running: map[string]*models.Usage{}, young: youngRows{byID: map[string]int{}}, scratch: newScratch(), maxRows: chunkSizes[0]}
 	if db.Dialector.Name() == "sqlite" {
 		l.sqlite, l.maxRows = true, sqliteStatementRows
 		l.pauses.Store(true)
-		l.commits, l.written = make(chan batchWrite), make(chan struct{})
+		l.commits, l.written = make(chan batchWrite), make(chan stored)
 		l.wg.Add(1)
 		go l.committer()
 	}
@@ -208,24 +209,32 @@ func (l *Ledger) UseJournal(j Journal, pendingAfter time.Duration) {
 // usually long before the wait, since the upstream call runs meanwhile.
 func (l *Ledger) Begin(row models.Usage) <-chan error {
 	row.Outcome = models.OutcomePending
-	done := make(chan error, 1)
 	if l.journal != nil {
 		row.Sanitize()
 		err := l.journal.Begin(&row)
 		if err == nil {
 			l.runMu.Lock()
-			l.running[row.InferenceID] = row
+			l.running[row.InferenceID] = &row
 			l.runMu.Unlock()
 			l.enqueue(op{kind: opBegin, row: row, young: true, due: time.Now().Add(l.pendingAfter)})
-			done <- nil
-			return done
+			return journaled
 		}
 		// The database is still there: wait for it, as without a journal.
 		l.log.Warn("journal write failed; the pending row is written at once", "inference_id", row.InferenceID, "err", err)
 	}
+	done := make(chan error, 1)
 	l.enqueue(op{kind: opBegin, row: row, done: done})
 	return done
 }
+
+// journaled is what Begin returns for a row that is safe in the journal:
+// closed, so that every receive is nil at once, and shared, so that such a
+// Begin makes no channel.
+var journaled = func() chan error {
+	c := make(chan error)
+	close(c)
+	return c
+}()
 
 // Running returns the row of a request this ledger began and has not yet
 // written to the database (its pending row is deferred), so that a stop on
@@ -234,7 +243,10 @@ func (l *Ledger) Running(id string) (models.Usage, bool) {
 	l.runMu.Lock()
 	defer l.runMu.Unlock()
 	u, ok := l.running[id]
-	return u, ok
+	if !ok {
+		return models.Usage{}, false
+	}
+	return *u, true
 }
 
 // youngRows are the deferred Begins the writer holds, in the order they
@@ -496,7 +508,7 @@ func (l *Ledger) writeBatch(batch []op, final bool) {
 		l.slow.bypassed.Add(1)
 	default:
 		l.commits <- batchWrite{batch, final}
-		<-l.written
+		l.settle(<-l.written)
 		return
 	}
 	l.write(batch, final)
@@ -578,7 +590,7 @@ func (l *Ledger) committer() {
 	l.pauses.Store(!lowered)
 	for w := range l.commits {
 		start, cpu := time.Now(), processCPU()
-		l.write(w.batch, w.final)
+		st := l.store(w.batch, w.final)
 		if lowered {
 			wall := time.Since(start)
 			used := processCPU() - cpu
@@ -587,7 +599,7 @@ func (l *Ledger) committer() {
 					"took", wall, "process_cpu", used, "for", bypass)
 			}
 		}
-		l.written <- struct{}{}
+		l.written <- st
 	}
 }
 
@@ -654,6 +666,41 @@ var upsertFinal = clause.OnConflict{
 // whose count of changed rows says whether the rollup counts it, so that a
 // request is never counted twice.
 var errNotPending = errors.New("a finished row was no longer pending")
+
+// scratch is store's working storage, kept from one batch to the next so
+// that a batch allocates little: store runs on one goroutine at a time, and
+// nothing it hands on refers to it.
+type scratch struct {
+	plan   plan
+	final  map[string]int  // inference id → index of its Finish in the batch
+	merged map[string]bool // Begins whose Finish came in the same batch
+}
+
+// scratchRows is the most rows scratch keeps room for: a burst's batch of
+// thousands is let go once written.
+const scratchRows = 1024
+
+func newScratch() scratch {
+	return scratch{final: map[string]int{}, merged: map[string]bool{}}
+}
+
+// reset empties s for the next batch.
+func (s *scratch) reset() {
+	keep := func(rows []models.Usage) []models.Usage {
+		if cap(rows) > scratchRows {
+			return nil
+		}
+		clear(rows) // no row's strings held until the next batch
+		return rows[:0]
+	}
+	s.plan = plan{inserts: keep(s.plan.inserts), upserts: keep(s.plan.upserts), updates: keep(s.plan.updates)}
+	if len(s.final) > scratchRows || len(s.merged) > scratchRows {
+		*s = scratch{plan: s.plan, final: map[string]int{}, merged: map[string]bool{}}
+		return
+	}
+	clear(s.final)
+	clear(s.merged)
+}
 
 // rows of one batch, by the statement that writes them.
 type plan struct {
@@ -726,9 +773,30 @@ func (p *plan) statements(max int, sqlite bool) int {
 // of them on a Flush or when closing: they are written as pending rows). A
 // Begin and Finish of the same row in one batch, or a deferred Begin and its
 // Finish, become a single insert of the final row.
-func (l *Ledger) write(batch []op, closing bool) {
+func (l *Ledger) write(batch []op, closing bool) { l.settle(l.store(batch, closing)) }
+
+// stored is what store did with a batch, for settle to tell the rest of
+// the process.
+type stored struct {
+	batch   []op
+	errs    []error  // per op of batch
+	durable []string // rows now in the database that a journal holds
+	written []string // inference ids of the rows inserted, written or not
+	rows    int
+	took    time.Duration
+	err     error
+}
+
+// store does the database's part of write: the statements, and the writer's
+// own record of which Begins it committed. On SQLite it runs on the
+// committer's thread of the lowest priority, so it takes no lock that a
+// request may wait for: a request would wait for that thread, which the
+// kernel runs last (settle, on the writer's goroutine, does that part).
+func (l *Ledger) store(batch []op, closing bool) stored {
 	start := time.Now()
-	final := make(map[string]int, len(batch)) // inference id → index of its Finish
+	sc := &l.scratch
+	defer sc.reset()
+	final := sc.final // inference id → index of its Finish
 	all := closing
 	for i, o := range batch {
 		switch o.kind {
@@ -738,8 +806,7 @@ func (l *Ledger) write(batch []op, closing bool) {
 			all = true
 		}
 	}
-	var p plan
-	merged := make(map[string]bool)
+	p, merged := &sc.plan, sc.merged
 	var fellDue []string // deferred Begins written as pending rows
 	for _, o := range batch {
 		switch o.kind {
@@ -780,14 +847,9 @@ func (l *Ledger) write(batch []op, closing bool) {
 	}
 	if p.rows() == 0 {
 		// Only deferred Begins, or a Flush with nothing to write.
-		for _, o := range batch {
-			if o.done != nil {
-				o.done <- nil
-			}
-		}
-		return
+		return stored{batch: batch}
 	}
-	err := l.commit(&p)
+	err := l.commit(p)
 	var failed map[string]error // per row, when the batch had to be split
 	if err != nil && (p.rows() > 1 || errors.Is(err, errNotPending)) {
 		failed = map[string]error{}
@@ -828,22 +890,42 @@ func (l *Ledger) write(batch []op, closing bool) {
 			l.begun[id] = true
 		}
 	}
+	st := stored{batch: batch, errs: errs, rows: p.rows(), took: time.Since(start), err: err}
+	if l.journal != nil {
+		for i := range p.inserts {
+			id := p.inserts[i].InferenceID
+			st.written = append(st.written, id)
+			if rowErr(err, failed, id) == nil {
+				st.durable = append(st.durable, id)
+			}
+		}
+	}
+	return st
+}
+
+// settle tells the rest of the process what store did: rows now in the
+// database leave the journal and Running, a checkpoint may fall due, the
+// OnWrite hook is called, and those waiting for a row are answered. It runs
+// on the writer's goroutine.
+func (l *Ledger) settle(st stored) {
+	if st.rows == 0 {
+		for _, o := range st.batch {
+			if o.done != nil {
+				o.done <- nil
+			}
+		}
+		return
+	}
 	if l.journal != nil {
 		// Rows now in the database leave the journal. One that failed
 		// stays there, and the next start records it; Running forgets
 		// both, as the database now answers for them or never will.
-		var durable []string
-		for i := range p.inserts {
-			if id := p.inserts[i].InferenceID; rowErr(err, failed, id) == nil {
-				durable = append(durable, id)
-			}
-		}
-		if len(durable) > 0 {
-			l.journal.Durable(durable...)
+		if len(st.durable) > 0 {
+			l.journal.Durable(st.durable...)
 		}
 		l.runMu.Lock()
-		for i := range p.inserts {
-			delete(l.running, p.inserts[i].InferenceID)
+		for _, id := range st.written {
+			delete(l.running, id)
 		}
 		l.runMu.Unlock()
 	}
@@ -856,12 +938,12 @@ func (l *Ledger) write(batch []op, closing bool) {
 		}
 	}
 	if l.onWrite != nil {
-		l.onWrite(p.rows(), time.Since(start), err)
+		l.onWrite(st.rows, st.took, st.err)
 	}
 	// Waiters are told last, once the writer's own state is up to date.
-	for i, o := range batch {
+	for i, o := range st.batch {
 		if o.done != nil {
-			o.done <- errs[i]
+			o.done <- st.errs[i]
 		}
 	}
 }

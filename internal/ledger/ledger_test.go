@@ -301,3 +301,39 @@ func TestLingerGroupsRows(t *testing.T) {
 		t.Errorf("the Begin waited %v", took)
 	}
 }
+
+// TestScratchBetweenBatches: store's working storage, kept from one batch
+// to the next, holds no row of the last batch, and a burst's batch of more
+// than scratchRows rows is let go once written; the batches after either
+// are written whole.
+func TestScratchBetweenBatches(t *testing.T) {
+	l := open(t)
+	var burst []op
+	for i := range scratchRows + 1 {
+		burst = append(burst, op{kind: opRecord, row: row(fmt.Sprintf("burst-%d", i))})
+	}
+	l.write(burst, false)
+	sc := l.scratch
+	if cap(sc.plan.inserts) != 0 || len(sc.final) != 0 || len(sc.merged) != 0 {
+		t.Fatalf("after a batch of %d rows the scratch kept room for %d rows", len(burst), cap(sc.plan.inserts))
+	}
+	l.write([]op{{kind: opBegin, row: row("small-1")}, {kind: opFinish, row: row("small-1")}, {kind: opRecord, row: row("small-2")}}, false)
+	sc = l.scratch
+	if cap(sc.plan.inserts) == 0 {
+		t.Fatal("a small batch's room was not kept")
+	}
+	for _, u := range sc.plan.inserts[:cap(sc.plan.inserts)] {
+		if u.InferenceID != "" {
+			t.Fatalf("the scratch still holds row %s after its batch", u.InferenceID)
+		}
+	}
+	if len(sc.final) != 0 || len(sc.merged) != 0 {
+		t.Fatalf("the scratch's maps hold %d and %d ids after their batch", len(sc.final), len(sc.merged))
+	}
+	l.write([]op{{kind: opRecord, row: row("after-1")}, {kind: opRecord, row: row("after-2")}}, false)
+	for _, id := range []string{"burst-0", fmt.Sprintf("burst-%d", scratchRows), "small-1", "small-2", "after-1", "after-2"} {
+		if got := get(t, l, id); got.InferenceID != id {
+			t.Errorf("row %s not written", id)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"moonji/internal/spareproc"
 	"moonji/internal/testcpu"
+	"moonji/models"
 )
 
 // TestSQLiteCommitterRunsAtLowPriority: on SQLite, batches are written by
@@ -265,4 +266,62 @@ func threadNice(t *testing.T) int {
 	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
 	nice, _ := strconv.Atoi(fields[16])
 	return nice
+}
+
+// threadPolicy is the scheduling policy of the calling thread.
+func threadPolicy(t *testing.T) int {
+	b, err := os.ReadFile("/proc/thread-self/stat")
+	if err != nil {
+		t.Errorf("read the thread's policy: %v", err)
+		return -1
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	policy, _ := strconv.Atoi(fields[38])
+	return policy
+}
+
+// policyJournal records the scheduling policy of the thread each Durable
+// ran on.
+type policyJournal struct {
+	t        *testing.T
+	mu       sync.Mutex
+	policies []int
+}
+
+func (j *policyJournal) Begin(*models.Usage) error { return nil }
+func (j *policyJournal) Durable(...string) {
+	p := threadPolicy(j.t)
+	j.mu.Lock()
+	j.policies = append(j.policies, p)
+	j.mu.Unlock()
+}
+
+// TestJournalIsToldOffTheLowPriorityThread: the journal's Durable takes the
+// journal's lock, which every request's Begin takes too, so it must not run
+// on the committer's thread: a request waiting for that lock would wait for
+// a thread the kernel runs last (priority inversion). It runs on the
+// writer's goroutine.
+func TestJournalIsToldOffTheLowPriorityThread(t *testing.T) {
+	l := open(t)
+	j := &policyJournal{t: t}
+	l.UseJournal(j, 0) // every Begin falls due at once
+	for i := range 3 {
+		if err := <-l.Begin(row(fmt.Sprintf("settled-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.policies) == 0 {
+		t.Fatal("Durable was never called")
+	}
+	for _, p := range j.policies {
+		if p == unix.SCHED_IDLE {
+			t.Fatalf("Durable ran on a SCHED_IDLE thread (policies seen: %v)", j.policies)
+		}
+	}
 }
