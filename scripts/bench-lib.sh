@@ -38,3 +38,19 @@ bench_mock() {
   taskset -c 0 "$d/mockup" -listen 127.0.0.1:18080 "$@" >/dev/null 2>&1 &
   mock=$!
 }
+
+# bench_pinned BIN DIR starts BIN serving the bench configuration from DIR
+# on SQLite (port 18093), pins the serving process with all its threads to
+# core 1, and writes DIR/targets, one chat completion for vegeta with a new
+# key. Sets server (the started process) and pid (the serving one: the
+# build itself, or the one its wrapper started).
+bench_pinned() {
+  local bin=$1 d=$2 key
+  bench_config "$d/moonji.yaml" 18093 "sqlite://$d/moonji.db"
+  bench_serve "$bin" "$d/moonji.yaml" "$d"
+  pid=$(pgrep -n -f "serve --config $d/moonji.yaml")
+  taskset -a -p -c 1 "$pid" >/dev/null
+  key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
+  printf '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$d/body.json"
+  printf 'POST http://127.0.0.1:18093/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$key" "$d/body.json" >"$d/targets"
+}

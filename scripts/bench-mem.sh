@@ -34,14 +34,7 @@ kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$2/status"; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for bin in "$@"; do
   d=$(mktemp -d -p "$dir")
-  bench_config "$d/moonji.yaml" 18093 "sqlite://$d/moonji.db"
-  bench_serve "$bin" "$d/moonji.yaml" "$d"
-  # The serving process: the build itself, or the one its wrapper started.
-  pid=$(pgrep -n -f "serve --config $d/moonji.yaml")
-  taskset -a -p -c 1 "$pid" >/dev/null
-  key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
-  printf '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$d/body.json"
-  printf 'POST http://127.0.0.1:18093/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$key" "$d/body.json" >"$d/targets"
+  bench_pinned "$bin" "$d"
   taskset -c 0 "$VEGETA" attack -targets "$d/targets" -rate "$RATE" -duration "$DUR" >"$d/results.bin" &
   load=$!
   sleep 3

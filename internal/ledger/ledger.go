@@ -578,9 +578,12 @@ func (s *slowCommits) active(now time.Time) bool {
 // that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At the lowest
 // priority (SCHED_IDLE) the kernel runs the request threads first, and at
 // once; the process is lent a second P for them while it writes
-// (spareproc, in writeBatch). Only whole batches
-// cross to this goroutine: a locked thread pays a thread switch on every wake-up, too much for each
-// row the writer gathers. A writer that falls behind (its queue a quarter
+// (spareproc, in writeBatch). Only whole batches cross to this goroutine:
+// a locked thread pays a thread switch on every wake-up, too much for each
+// row the writer gathers. Only the statements run here (store): what the
+// rest of the process is told afterwards takes locks requests take too, and
+// runs on the writer's goroutine (settle), so that a request does not wait
+// for this thread. A writer that falls behind (its queue a quarter
 // full) writes at normal priority instead, so that a saturated core cannot
 // starve the ledger. Where the priority cannot be lowered, the statements
 // of a batch are spaced out instead (pause).
