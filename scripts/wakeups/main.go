@@ -11,8 +11,9 @@
 // thread that keeps the CPU for milliseconds shows in a gateway's p99 even
 // when its own CPU use is small. -policies names a file of "TID POLICY NICE"
 // lines (from /proc/PID/task/TID/stat, fields 41 and 19) so that the threads
-// holding the CPU are shown with their scheduling policy and nice value;
-// scripts/bench-wakeups.sh writes it.
+// holding the CPU are shown with their scheduling policy and nice value, and
+// the wake-ups of threads of the idle policy, which wait by design, are left
+// out; scripts/bench-wakeups.sh writes it.
 package main
 
 import (
@@ -48,7 +49,10 @@ func main() {
 			}
 		}
 	}
-	r, err := read(os.Stdin, *comm)
+	// A thread of the idle policy (the ledger's committer) waits for the
+	// core by design: its wake-ups are not counted.
+	idle := func(tid string) bool { return strings.HasPrefix(policies[tid], "idle") }
+	r, err := read(os.Stdin, *comm, idle)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -81,7 +85,9 @@ type report struct {
 //
 //	vegeta 14315 [000]  2212.447232: sched:sched_waking: comm=moonji pid=14294 prio=120 target_cpu=001
 //	moonji 14294 [001]  2212.447342: sched:sched_switch: prev_comm=moonji prev_pid=14294 prev_prio=120 prev_state=S ==> next_comm=moonji next_pid=14289 next_prio=120
-func read(in io.Reader, comm string) (*report, error) {
+//
+// Wake-ups of threads for which skip is true are not counted.
+func read(in io.Reader, comm string, skip func(tid string) bool) (*report, error) {
 	r := &report{longBy: map[string]time.Duration{}, longCount: map[string]int{}}
 	woken := map[string]time.Duration{} // tid → when it was woken, until it runs
 	onCPU := map[string]string{}        // cpu → tid running there
@@ -108,7 +114,7 @@ func read(in io.Reader, comm string) (*report, error) {
 		switch event {
 		case "sched_waking":
 			tid := kv["pid"]
-			if strings.HasPrefix(kv["comm"], comm) && !running[tid] {
+			if strings.HasPrefix(kv["comm"], comm) && !running[tid] && !skip(tid) {
 				if _, seen := woken[tid]; !seen {
 					woken[tid] = at
 				}
