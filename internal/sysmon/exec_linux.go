@@ -7,10 +7,12 @@ import (
 )
 
 // KeepAwake runs the program again with Setting in GODEBUG, unless it is
-// there already (or the operator set schedtrace): the same executable (its
-// inode, through /proc/self/exe, even if the file was replaced meanwhile),
-// the same arguments, the same process. It returns only when it does not
-// run the program again, with an error when it tried and could not.
+// there already (or the operator set schedtrace): the same executable, the
+// same arguments, the same process. It returns only when it does not run
+// the program again, with an error when it tried and could not.
+//
+// The executable is run by its path, not as /proc/self/exe, which would
+// name the process "exe" in ps, top and pidof.
 //
 // Call it first thing in main, before any file or socket is opened.
 func KeepAwake() error {
@@ -18,8 +20,12 @@ func KeepAwake() error {
 	if !changed {
 		return nil
 	}
-	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
-		return fmt.Errorf("keep the runtime's monitor awake: exec: %w", err)
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("keep the runtime's monitor awake: %w", err)
+	}
+	if err := syscall.Exec(exe, os.Args, env); err != nil {
+		return fmt.Errorf("keep the runtime's monitor awake: exec %s: %w", exe, err)
 	}
 	return nil // not reached
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -64,10 +65,10 @@ func TestKeepAwakeRunsTheProgramAgain(t *testing.T) {
 			t.Fatalf("helper with GODEBUG=%q: %v\n%s", tc.godebug, err, out)
 		}
 		var pid, runs int
-		var godebug string
+		var godebug, comm string
 		for line := range strings.Lines(string(out)) {
 			if v, ok := strings.CutPrefix(line, "helper: "); ok {
-				if _, err := fmt.Sscanf(v, "pid=%d runs=%d godebug=%q", &pid, &runs, &godebug); err != nil {
+				if _, err := fmt.Sscanf(v, "pid=%d runs=%d godebug=%q comm=%q", &pid, &runs, &godebug, &comm); err != nil {
 					t.Fatalf("helper said %q: %v", v, err)
 				}
 			}
@@ -77,6 +78,10 @@ func TestKeepAwakeRunsTheProgramAgain(t *testing.T) {
 		}
 		if godebug != tc.want {
 			t.Errorf("GODEBUG=%q: the helper ran with GODEBUG=%q, want %q", tc.godebug, godebug, tc.want)
+		}
+		// Run as /proc/self/exe, the process would be named "exe".
+		if want := filepath.Base(os.Args[0]); comm != want[:min(len(want), 15)] {
+			t.Errorf("GODEBUG=%q: the helper is named %q, want %q", tc.godebug, comm, want)
 		}
 		wantRuns := 2
 		if tc.want == tc.godebug {
@@ -102,5 +107,9 @@ func TestKeepAwakeHelper(t *testing.T) {
 	if err := KeepAwake(); err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("helper: pid=%d runs=%d godebug=%q\n", os.Getpid(), runs, os.Getenv("GODEBUG"))
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("helper: pid=%d runs=%d godebug=%q comm=%q\n", os.Getpid(), runs, os.Getenv("GODEBUG"), strings.TrimSpace(string(comm)))
 }
