@@ -9,8 +9,8 @@
 // while and slept deeply again: three to four system calls and as many
 // context switches a request, on the request's core. With deep sleep off,
 // the monitor settles at one wake-up every 10 ms: the gateway's CPU at
-// 1,000 req/s went from 23–25 % of its core to 17 % (BENCHMARKS.md §27),
-// for ~3 ms of CPU a second while idle. The runtime has no knob for this
+// 1,000 req/s went from 19–26 % of its core to 14–17 % in alternated runs
+// (BENCHMARKS.md §27), for ~3 ms of CPU a second while idle. The runtime has no knob for this
 // (golang/go#18236) other than GODEBUG's schedtrace, whose side effect is
 // that sysmon does not sleep deeply; with the largest interval it prints
 // its trace line at most every 24.8 days (and once at start on a machine
@@ -36,7 +36,7 @@ func Environ(env []string) ([]string, bool) {
 			continue
 		}
 		for s := range strings.SplitSeq(v, ",") {
-			if strings.HasPrefix(strings.TrimSpace(s), "schedtrace=") {
+			if strings.HasPrefix(s, "schedtrace=") { // as the runtime reads it: no spaces
 				return env, false
 			}
 		}

@@ -25,7 +25,9 @@ func TestEnviron(t *testing.T) {
 		{"other settings kept", []string{"GODEBUG=gctrace=1,madvdontneed=1"},
 			[]string{"GODEBUG=gctrace=1,madvdontneed=1," + Setting}, true},
 		{"the operator's schedtrace stands", []string{"GODEBUG=schedtrace=0"}, []string{"GODEBUG=schedtrace=0"}, false},
-		{"among others", []string{"X=y", "GODEBUG=gctrace=1, schedtrace=1000"}, []string{"X=y", "GODEBUG=gctrace=1, schedtrace=1000"}, false},
+		{"among others", []string{"X=y", "GODEBUG=gctrace=1,schedtrace=1000"}, []string{"X=y", "GODEBUG=gctrace=1,schedtrace=1000"}, false},
+		// The runtime does not trim spaces: " schedtrace" is not its setting.
+		{"after a space", []string{"GODEBUG=gctrace=1, schedtrace=0"}, []string{"GODEBUG=gctrace=1, schedtrace=0," + Setting}, true},
 		{"already added", []string{"GODEBUG=" + Setting}, []string{"GODEBUG=" + Setting}, false},
 		{"a name that only ends like it", []string{"NOTGODEBUG=schedtrace=0"}, []string{"NOTGODEBUG=schedtrace=0", "GODEBUG=" + Setting}, true},
 		{"a value that only contains it", []string{"GODEBUG=xschedtrace=0"}, []string{"GODEBUG=xschedtrace=0," + Setting}, true},
