@@ -90,7 +90,6 @@ type report struct {
 func read(in io.Reader, comm string, skip func(tid string) bool) (*report, error) {
 	r := &report{longBy: map[string]time.Duration{}, longCount: map[string]int{}}
 	woken := map[string]time.Duration{} // tid → when it was woken, until it runs
-	onCPU := map[string]string{}        // cpu → tid running there
 	running := map[string]bool{}        // tid → on a CPU now
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -108,7 +107,6 @@ func read(in io.Reader, comm string, skip func(tid string) bool) (*report, error
 		if err != nil {
 			continue
 		}
-		cpu := f[len(f)-2]
 		event, args, _ := strings.Cut(rest, ": ")
 		kv := fields(args)
 		switch event {
@@ -122,7 +120,6 @@ func read(in io.Reader, comm string, skip func(tid string) bool) (*report, error
 		case "sched_switch":
 			prev, next := kv["prev_pid"], kv["next_pid"]
 			running[prev], running[next] = false, true
-			onCPU[cpu] = next
 			delete(woken, prev) // it ran: a wake-up while it ran cost no wait
 			at0, ok := woken[next]
 			if !ok {
