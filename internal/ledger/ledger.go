@@ -87,8 +87,8 @@ type Ledger struct {
 	closed   bool
 	stopCkpt chan struct{}
 	kickCkpt chan struct{} // SQLite only: asks for a checkpoint
-	// commits, on SQLite, hands batches to the goroutine that writes them
-	// on a thread of low priority (committer); nil elsewhere.
+	// commits hands batches to the goroutine that writes them on a thread
+	// of low priority (committer).
 	commits  chan batchWrite
 	written  chan stored
 	nCommits int
@@ -101,7 +101,7 @@ type Ledger struct {
 	// by whichever goroutine writes (one at a time).
 	sqlite  bool
 	jsonBuf []byte
-	slow    slowCommits // SQLite: a committer starved of CPU
+	slow    slowCommits // a committer starved of CPU
 
 	// With a journal, a Begin is journaled and its pending row deferred.
 	journal      Journal
@@ -124,11 +124,10 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	if db.Dialector.Name() == "sqlite" {
 		l.sqlite, l.maxRows = true, sqliteStatementRows
 		l.pauses.Store(true)
-		l.commits, l.written = make(chan batchWrite), make(chan stored)
-		l.wg.Add(1)
-		go l.committer()
 	}
-	l.wg.Add(1)
+	l.commits, l.written = make(chan batchWrite), make(chan stored)
+	l.wg.Add(2)
+	go l.committer()
 	go l.run()
 	if db.Dialector.Name() == "sqlite" {
 		l.kickCkpt = make(chan struct{}, 1)
@@ -408,9 +407,7 @@ const linger = 100 * time.Millisecond
 
 func (l *Ledger) run() {
 	defer l.wg.Done()
-	if l.commits != nil {
-		defer close(l.commits)
-	}
+	defer close(l.commits)
 	batch := make([]op, 0, maxBatch)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -491,19 +488,20 @@ type batchWrite struct {
 	final bool
 }
 
-// writeBatch writes a batch: on SQLite through the committer, waiting
-// until it is written (the batch's slice is reused), unless the writer is
-// behind or the committer was starved (slowCommits), when it writes at once
-// at normal priority.
+// writeBatch writes a batch through the committer, waiting until it is
+// written (the batch's slice is reused), unless the writer is behind or the
+// committer was starved (slowCommits), when it writes at once at normal
+// priority.
 //
 // The process has a second P meanwhile (spareproc), so that requests keep
-// running beside SQLite on a one-core machine: lent here, on the writer's
-// goroutine at normal priority, before the committer's thread is woken.
+// running beside the batch on a one-core machine: lent here, on the
+// writer's goroutine at normal priority, before the committer's thread is
+// woken.
 func (l *Ledger) writeBatch(batch []op, final bool) {
 	spareproc.Lend()
 	defer spareproc.Return()
 	switch {
-	case l.commits == nil, len(l.ops) > cap(l.ops)/4:
+	case len(l.ops) > cap(l.ops)/4:
 	case l.slow.active(time.Now()):
 		l.slow.bypassed.Add(1)
 	default:
@@ -520,16 +518,21 @@ func (l *Ledger) writeBatch(batch []op, final bool) {
 // that is the point; but beside a process that keeps every core busy at
 // normal priority — an inference engine on the CPU, the usual neighbour of
 // a self-hosted gateway — it gets well under 1 % of one, and a batch of 5 ms
-// of work takes a second or more while holding SQLite's write lock. So after
-// each batch the committer compares the time the batch took with the CPU
-// time the whole process used meanwhile: a slow batch during which the
-// process itself was mostly idle was starved by others, and the writer
-// writes the next batches itself, at normal priority, for slowFor — twice as
-// long after each batch in a row that was starved again, up to slowForMax,
-// so that a neighbour that stays busy costs one slow batch every half
-// minute, not one a second. (A batch that waited for SQLite's write lock
-// looks the same and is handled the same; writing at normal priority then
-// costs nothing.) The committer's thread cannot be raised back instead: an
+// of work takes a second or more (holding SQLite's write lock, or a
+// PostgreSQL transaction open). So after each batch the committer looks at
+// how long the batch took, how long its thread waited for a CPU meanwhile
+// (runnable, not running: waitClock), and the CPU time the whole process
+// used: a slow batch that spent most of its time waiting for a CPU while
+// the process itself was mostly idle was starved by others, and the writer
+// writes the next batches itself, at normal priority, for slowFor — twice
+// as long after each batch in a row that was starved again, up to
+// slowForMax, so that a neighbour that stays busy costs one slow batch
+// every half minute, not one a second. A batch that was slow because it
+// waited for the database — a PostgreSQL server far away or busy, SQLite's
+// write lock held by another connection — is not starved: its thread
+// slept, and writing at normal priority would not be quicker. (Where the
+// thread's wait cannot be read, a slow batch with the process idle counts
+// as starved.) The committer's thread cannot be raised back instead: an
 // unprivileged process may only lower a priority.
 type slowCommits struct {
 	until    atomic.Int64 // unix nanoseconds; 0: not slow
@@ -539,16 +542,18 @@ type slowCommits struct {
 
 const (
 	slowWall   = 30 * time.Millisecond // a batch slower than this …
-	slowRatio  = 4                     // … while the process used under 1/4 of a core
+	slowRatio  = 4                     // … while the process used under 1/4 of a core …
+	slowWait   = 2                     // … and its thread waited for a CPU half the time
 	slowFor    = time.Second
 	slowForMax = 32 * time.Second
 )
 
-// observe records one batch the committer wrote (how long it took, and the
-// CPU time the process used meanwhile), and reports whether it was starved,
-// and if so for how long the next batches go around the committer.
-func (s *slowCommits) observe(wall, cpu time.Duration, now time.Time) (time.Duration, bool) {
-	if wall < slowWall || slowRatio*cpu > wall {
+// observe records one batch the committer wrote (how long it took, the CPU
+// time the process used meanwhile, and how long the committer's thread
+// waited for a CPU), and reports whether it was starved, and if so for how
+// long the next batches go around the committer.
+func (s *slowCommits) observe(wall, cpu, waited time.Duration, now time.Time) (time.Duration, bool) {
+	if wall < slowWall || slowRatio*cpu > wall || slowWait*waited < wall {
 		s.streak = 0
 		return 0, false
 	}
@@ -571,11 +576,15 @@ func (s *slowCommits) active(now time.Time) bool {
 	return u != 0 && now.UnixNano() < u
 }
 
-// committer writes SQLite batches on an OS thread of the lowest priority
+// committer writes batches on an OS thread of the lowest priority
 // (background). SQLite is compiled Go here, so its work runs on whichever
 // thread calls it; a batch of a hundred rows is milliseconds of CPU, and on
 // a one-core gateway the requests that arrived meanwhile waited behind it:
-// that was the p99 at 1,000 req/s (BENCHMARKS.md §13). At the lowest
+// that was the p99 at 1,000 req/s (BENCHMARKS.md §13). With PostgreSQL the
+// server does the database's work, but the driver's side of a batch (its
+// statements encoded, the replies decoded, a transaction's round trips)
+// was still ~1.7 ms of the gateway's CPU every 100 ms at 1,000 req/s
+// (BENCHMARKS.md §28). At the lowest
 // priority (SCHED_IDLE) the kernel runs the request threads first, and at
 // once; the process is lent a second P for them while it writes
 // (spareproc, in writeBatch). Only whole batches cross to this goroutine:
@@ -590,16 +599,23 @@ func (s *slowCommits) active(now time.Time) bool {
 func (l *Ledger) committer() {
 	defer l.wg.Done()
 	lowered := background()
-	l.pauses.Store(!lowered)
+	l.pauses.Store(l.sqlite && !lowered)
+	clock := openWaitClock()
+	defer clock.close()
 	for w := range l.commits {
 		start, cpu := time.Now(), processCPU()
+		waitedBefore, _ := clock.read()
 		st := l.store(w.batch, w.final)
 		if lowered {
 			wall := time.Since(start)
 			used := processCPU() - cpu
-			if bypass, starved := l.slow.observe(wall, used, time.Now()); starved {
+			waited := wall // unknown: as if it had waited throughout
+			if w, ok := clock.read(); ok {
+				waited = w - waitedBefore
+			}
+			if bypass, starved := l.slow.observe(wall, used, waited, time.Now()); starved {
 				l.log.Info("usage batch starved of CPU at low priority; writing at normal priority for a while",
-					"took", wall, "process_cpu", used, "for", bypass)
+					"took", wall, "waited_for_cpu", waited, "process_cpu", used, "for", bypass)
 			}
 		}
 		l.written <- st
@@ -791,8 +807,8 @@ type stored struct {
 }
 
 // store does the database's part of write: the statements, and the writer's
-// own record of which Begins it committed. On SQLite it runs on the
-// committer's thread of the lowest priority, so it takes no lock that a
+// own record of which Begins it committed. It runs on the committer's
+// thread of the lowest priority, so it takes no lock that a
 // request may wait for: a request would wait for that thread, which the
 // kernel runs last (settle, on the writer's goroutine, does that part).
 func (l *Ledger) store(batch []op, closing bool) stored {

@@ -1,7 +1,10 @@
 package ledger
 
 import (
+	"bytes"
+	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -42,4 +45,58 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ts.Nano())
+}
+
+// waitClock reads how long one thread has waited for a CPU while runnable
+// (on a run queue, not running): the second field of its schedstat file
+// (CONFIG_SCHED_INFO, which distribution kernels have). The committer keeps
+// its own open, so that reading it is one pread, not an open, read and
+// close.
+type waitClock struct {
+	f   *os.File
+	buf [96]byte
+}
+
+// openWaitClock opens the calling thread's clock; the goroutine must stay
+// locked to its thread for as long as the clock is read. Nil if the kernel
+// does not keep it.
+func openWaitClock() *waitClock {
+	f, err := os.Open("/proc/thread-self/schedstat")
+	if err != nil {
+		return nil
+	}
+	c := &waitClock{f: f}
+	if _, ok := c.read(); !ok {
+		f.Close()
+		return nil
+	}
+	return c
+}
+
+// read returns the thread's total wait so far, and whether it could be read.
+func (c *waitClock) read() (time.Duration, bool) {
+	if c == nil {
+		return 0, false
+	}
+	n, err := c.f.ReadAt(c.buf[:], 0)
+	if n == 0 && err != nil {
+		return 0, false
+	}
+	// "<ns on CPU> <ns waiting> <slices>\n"
+	fields := bytes.Fields(c.buf[:n])
+	if len(fields) < 2 {
+		return 0, false
+	}
+	ns, err := strconv.ParseInt(string(fields[1]), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
+}
+
+// close closes the clock's file.
+func (c *waitClock) close() {
+	if c != nil {
+		c.f.Close()
+	}
 }

@@ -1,5 +1,5 @@
 // Package spareproc lends a process confined to one CPU a second P while it
-// runs SQLite.
+// runs SQLite, or writes a batch of the ledger's rows.
 //
 // SQLite is compiled Go here (modernc.org/sqlite), so a statement runs on
 // whichever goroutine calls it and keeps its P until it returns: with
@@ -7,7 +7,8 @@
 // every request that arrives meanwhile wait. The ledger writes its batches
 // on a thread of the lowest priority, which the kernel preempts for request
 // threads on the same core — but a request thread needs a P of its own to
-// run Go code, hence a second P.
+// run Go code, hence a second P. (With the ledger in PostgreSQL the batch's
+// CPU is the driver's, less of it, but held the same way.)
 //
 // A second P that is always there costs the requests themselves: when a
 // goroutine is woken (a socket became readable, a channel was sent on), the
