@@ -1,5 +1,9 @@
 # Shared by the bench scripts (sourced, not run).
 
+# The PostgreSQL server and Redis the runs with DB=postgres use.
+PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
+REDIS=${REDIS:-redis://127.0.0.1:6379/0}
+
 # bench_config FILE PORT DATABASE_URL [REDIS_URL] writes the configuration
 # the bench scripts serve: one openai backend, the shared bench mock on
 # 127.0.0.1:18080, and limits that never interfere.
@@ -40,17 +44,35 @@ bench_mock() {
 }
 
 # bench_pinned BIN DIR starts BIN serving the bench configuration from DIR
-# on SQLite (port 18093), pins the serving process with all its threads to
-# core 1, and writes DIR/targets, one chat completion for vegeta with a new
-# key. Sets server (the started process) and pid (the serving one: the
-# build itself, or the one its wrapper started).
+# (port 18093), pins the serving process with all its threads to core 1,
+# and writes DIR/targets, one chat completion for vegeta with a new key.
+# Sets server (the started process) and pid (the serving one: the build
+# itself, or the one its wrapper started). The ledger is in SQLite, or with
+# DB=postgres in a new schema of $PG (bench_drop_schemas drops them) with
+# rate limits in $REDIS.
 bench_pinned() {
-  local bin=$1 d=$2 key
-  bench_config "$d/moonji.yaml" 18093 "sqlite://$d/moonji.db"
+  local bin=$1 d=$2 key db="sqlite://$2/moonji.db" redis="" schema
+  if [ "${DB:-sqlite}" = postgres ]; then
+    schema="bench_$(date +%s%N)"
+    psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
+    bench_schemas+=("$schema")
+    db="$PG&search_path=$schema" redis=$REDIS
+  fi
+  bench_config "$d/moonji.yaml" 18093 "$db" "$redis"
   bench_serve "$bin" "$d/moonji.yaml" "$d"
   pid=$(pgrep -n -f "serve --config $d/moonji.yaml")
   taskset -a -p -c 1 "$pid" >/dev/null
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   printf '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$d/body.json"
   printf 'POST http://127.0.0.1:18093/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$key" "$d/body.json" >"$d/targets"
+}
+
+# bench_drop_schemas drops the PostgreSQL schemas bench_pinned created (for
+# a script's EXIT trap).
+bench_schemas=()
+bench_drop_schemas() {
+  local s
+  for s in "${bench_schemas[@]}"; do
+    psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $s CASCADE" >/dev/null || true
+  done
 }

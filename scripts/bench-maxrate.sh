@@ -14,8 +14,6 @@ BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 . scripts/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
-PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
-REDIS=${REDIS:-redis://127.0.0.1:6379/0}
 BIN=${MOONJI_BIN:-bin/moonji}   # MOONJI_BIN: another build, e.g. the commit before a change
 [ -n "${MOONJI_BIN:-}" ] || make -s build
 dir=$(mktemp -d)

@@ -2,7 +2,8 @@
 # Memory and CPU of several builds at 1,000 req/s, alternated in one
 # sitting (issue 12): the shared bench mock and vegeta on core 0, each build
 # in turn started unpinned and then pinned to core 1 with all its threads,
-# as the shared harness does (SQLite, no Redis), and held at RATE for DUR.
+# as the shared harness does (SQLite, no Redis, unless DB=postgres), and
+# held at RATE for DUR.
 # Prints, per build: its CPU over the middle of the run, its mean RSS over
 # the same window (sampled each second) split into anonymous memory and the
 # binary's (and other files') mapped pages (/proc/PID/status), and the
@@ -10,6 +11,8 @@
 #
 #   scripts/bench-mem.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
 #   RATE=500 DUR=20s scripts/bench-mem.sh bin/moonji
+#   DB=postgres scripts/bench-mem.sh bin/moonji   (the ledger in PostgreSQL,
+#       rate limits in Redis: $PG and $REDIS, see scripts/bench-lib.sh)
 #
 # A "build" may be a wrapper script, e.g. one that sets GOGC. Needs vegeta
 # (VEGETA=path; ../shared/bench/README.md says how to install it).
@@ -20,11 +23,11 @@ BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATE=${RATE:-1000}
 DUR=${DUR:-15s}
-[ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 dir=$(mktemp -d)
 bench_mock "$dir"
 server=""
-trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; bench_drop_schemas; rm -rf "$dir"' EXIT
 sleep 0.5
 # The measuring window: from 3 s into the load to 2 s before its end.
 secs=${DUR%s}

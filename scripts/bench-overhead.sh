@@ -24,8 +24,6 @@ BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 export WORK=${WORK:-/tmp/peerbench}
 export VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 ONLY=${ONLY:-"sqlite postgres nginx"}
-PG=${PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
-REDIS=${REDIS:-redis://127.0.0.1:6379/0}
 MOONJI_BIN=${MOONJI_BIN:-bin/moonji}
 [ "$MOONJI_BIN" = bin/moonji ] && make -s build
 port=18090

@@ -10,6 +10,7 @@
 #
 #   scripts/bench-wakeups.sh bin/moonji
 #   scripts/bench-wakeups.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   DB=postgres scripts/bench-wakeups.sh bin/moonji   (PostgreSQL + Redis)
 #
 # Needs perf (Debian: linux-perf) with access to the sched tracepoints (root,
 # or kernel.perf_event_paranoid ≤ -1), and vegeta (VEGETA=path).
@@ -19,13 +20,13 @@ BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 . scripts/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATE=${RATE:-1000}
-[ $# -ge 1 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
 dir=$(mktemp -d)
 go build -o "$dir/wakeups" ./scripts/wakeups
 bench_mock "$dir"
 server=""
-trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; bench_drop_schemas; rm -rf "$dir"' EXIT
 sleep 0.5
 for bin in "$@"; do
   d=$(mktemp -d -p "$dir")
