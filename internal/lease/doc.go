@@ -13,9 +13,11 @@
 // the replica holds, so a request costs one EVALSHA to acquire and at most
 // one to release, whatever its length, and nothing per token. A release
 // given with ReleaseSoon usually costs none: the replica's next acquire
-// carries it, and only when none comes within 20 ms is it sent alone
-// (together with any others by then), or at once when someone starts to
-// wait for the backend. A request that nobody
+// carries it, and only when none comes within 20 ms of that release is it
+// sent alone (together with others released up to 10 ms after it), or at
+// once when someone starts to wait for the backend. Each lease lingers
+// for its own 20 ms, so at a steady rate the slots released last stay to
+// be handed on (below) while those no request took go back. A request that nobody
 // on its replica waits ahead of costs none either when a slot of its
 // backend was released there a moment ago and nobody waits for the
 // backend anywhere: the lease passes from the one request to the next

@@ -704,6 +704,65 @@ func TestHandOver(t *testing.T) {
 	})
 }
 
+// TestLingerIsEachLeases: a released lease is sent back once it has
+// lingered itself, not when the first of those released before it has, so
+// that the leases released last stay to be handed on.
+func TestLingerIsEachLeases(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		const linger = time.Second
+		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: linger})
+		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
+		_, l1 := mustAcquire(t, r, fresh)
+		_, l2 := mustAcquire(t, r, fresh)
+		r.store.ReleaseSoon(l1)
+		time.Sleep(linger * 7 / 10)
+		r.store.ReleaseSoon(l2)
+		// l1 goes back a linger after its release; l2, released 0.7 of
+		// a linger later, stays.
+		if !eventually(2*linger, func() bool { return count(t, r, "gpu") == 1 }) {
+			t.Fatalf("%d leases on gpu after the first release lingered, want 1", count(t, r, "gpu"))
+		}
+		sent0 := r.counter.n.Load()
+		if _, l := mustAcquire(t, r, fresh); l != l2 || r.counter.n.Load() != sent0 {
+			t.Fatalf("a fresh request after the first release was sent got %v with %d commands; want %v, the lease released after it, with none",
+				l, r.counter.n.Load()-sent0, l2)
+		}
+		r.store.ReleaseSoon(l2)
+		if !eventually(2*linger, func() bool { return count(t, r, "gpu") == 0 }) {
+			t.Fatalf("%d leases on gpu after every release lingered, want 0", count(t, r, "gpu"))
+		}
+	})
+}
+
+// TestHandOverAtASteadyRate: requests that overlap two at a time, a few
+// milliseconds apart for several lingers, cost the round trips of their
+// first two acquires and then none: each slot passes from request to
+// request, and neither goes back while it keeps being used.
+func TestHandOverAtASteadyRate(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		const linger = 50 * time.Millisecond
+		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: linger})
+		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
+		sent0 := r.counter.n.Load()
+		start := time.Now()
+		pairs := 0
+		for time.Since(start) < 8*linger {
+			_, a := mustAcquire(t, r, fresh)
+			_, b := mustAcquire(t, r, fresh) // while a runs
+			r.store.ReleaseSoon(a)
+			r.store.ReleaseSoon(b)
+			pairs++
+			time.Sleep(2 * time.Millisecond)
+		}
+		sent := r.counter.n.Load() - sent0
+		t.Logf("%d pairs of overlapping requests in %v: %d commands", pairs, time.Since(start).Round(time.Millisecond), sent)
+		if sent > 2 {
+			t.Errorf("%d pairs of overlapping requests over %v (a linger of %v) cost %d commands, want 2 (the first pair's acquires)",
+				pairs, time.Since(start).Round(time.Millisecond), linger, sent)
+		}
+	})
+}
+
 // TestCommandCount checks that a request costs one command to acquire and
 // one to release (Release; ReleaseSoon usually costs none, TestReleaseSoon), and that holding leases costs one command per renewal
 // interval for the whole replica, not one per lease.

@@ -106,6 +106,12 @@ func (l Lease) Backend() string { return l.backend }
 // IsZero reports whether l is the zero Lease.
 func (l Lease) IsZero() bool { return l.member == "" }
 
+// released is a lease ReleaseSoon let go of at a time, not yet sent.
+type released struct {
+	Lease
+	at time.Time
+}
+
 // waitState is this store's record of one of its wait entries.
 type waitState struct {
 	gen     uint64    // changes whenever the entry is set again
@@ -143,9 +149,9 @@ type Store struct {
 	waits   map[string]map[string]waitState // backend → queue → entry
 	orphans map[string][]orphan             // backend → members to delete
 	// giveBack holds the leases released by ReleaseSoon that no call has
-	// sent yet; awaited records when a release of each backend was last
-	// announced (someone waited for it).
-	giveBack []Lease
+	// sent yet, oldest first; awaited records when a release of each
+	// backend was last announced (someone waited for it).
+	giveBack []released
 	awaited  map[string]time.Time
 	gen      uint64
 	started  bool
@@ -411,7 +417,7 @@ func (s *Store) handOver(cands []Backend) (int, Lease, bool) {
 		}
 		m[l.member] = struct{}{}
 		s.handedOver.Add(1)
-		return i, l, true
+		return i, l.Lease, true
 	}
 	return -1, Lease{}, false
 }
@@ -502,7 +508,7 @@ func (s *Store) forgetLocked(l Lease) bool {
 	if len(m) == 0 {
 		delete(s.leases, l.backend)
 	}
-	s.giveBack = append(s.giveBack, l)
+	s.giveBack = append(s.giveBack, released{l, time.Now()})
 	return true
 }
 
@@ -514,6 +520,33 @@ func (s *Store) Flush(ctx context.Context) error {
 	back := s.giveBack
 	s.giveBack = nil
 	s.mu.Unlock()
+	return s.send(ctx, back)
+}
+
+// flushLingered sends, in one call, the releases that have waited at least
+// half the linger by now, and returns when the oldest of those left will
+// have waited the whole linger (zero if none is left). Sending those of
+// half the linger too gathers releases that came close together into one
+// call rather than one each.
+func (s *Store) flushLingered(ctx context.Context, now time.Time) (time.Time, error) {
+	s.mu.Lock()
+	cut := now.Add(-s.o.linger / 2)
+	n := 0
+	for n < len(s.giveBack) && !s.giveBack[n].at.After(cut) {
+		n++
+	}
+	back := slices.Clone(s.giveBack[:n])
+	s.giveBack = slices.Delete(s.giveBack, 0, n)
+	var next time.Time
+	if len(s.giveBack) > 0 {
+		next = s.giveBack[0].at.Add(s.o.linger)
+	}
+	s.mu.Unlock()
+	return next, s.send(ctx, back)
+}
+
+// send releases back in one call (nothing if it is empty).
+func (s *Store) send(ctx context.Context, back []released) error {
 	if len(back) == 0 {
 		return nil
 	}
@@ -536,31 +569,41 @@ func (s *Store) Flush(ctx context.Context) error {
 	return nil
 }
 
-// flusher sends the releases of ReleaseSoon that no Acquire carried.
+// flusher sends the releases of ReleaseSoon that neither an Acquire
+// carried nor a request took over (handOver) within the linger — each
+// lease's own, counted from its release, so that at a steady rate of
+// requests the leases released last stay to be handed on while those no
+// request took go back — and all of them at once when someone waits.
 func (s *Store) flusher(ctx context.Context) {
 	defer s.wg.Done()
 	linger := time.NewTimer(s.o.linger)
 	linger.Stop()
+	armed := false
 	for {
+		var err error
+		fctx, cancel := context.WithTimeout(ctx, s.o.TTL/3)
 		select {
 		case <-ctx.Done():
+			cancel()
 			return // Close sends what is left
 		case <-s.flushNow:
+			err = s.Flush(fctx)
 		case <-s.flushSoon:
-			linger.Reset(s.o.linger)
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.flushNow:
-				linger.Stop()
-			case <-linger.C:
+			if !armed {
+				linger.Reset(s.o.linger)
+				armed = true
+			}
+		case <-linger.C:
+			var next time.Time
+			next, err = s.flushLingered(fctx, time.Now())
+			if armed = !next.IsZero(); armed {
+				linger.Reset(time.Until(next))
 			}
 		}
-		fctx, cancel := context.WithTimeout(ctx, s.o.TTL/3)
-		if err := s.Flush(fctx); err != nil && ctx.Err() == nil {
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("lease release failed; the next renewal deletes the leases", "err", err)
 		}
-		cancel()
 	}
 }
 
@@ -689,7 +732,7 @@ func (s *Store) orphanLocked(backend, member string) {
 // by the next renewal. (After an error from Redis itself too: a script
 // that failed may have released some of them, and deleting a lease twice
 // is harmless.)
-func (s *Store) orphanAllLocked(ls []Lease) {
+func (s *Store) orphanAllLocked(ls []released) {
 	for _, l := range ls {
 		s.orphanLocked(l.backend, l.member)
 	}

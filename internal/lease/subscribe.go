@@ -90,7 +90,7 @@ func (s *Store) receive(ctx context.Context) {
 			}
 			s.awaited[m.Payload] = time.Now()
 			// Someone waits: what lingers of that backend goes now.
-			lingering := slices.ContainsFunc(s.giveBack, func(l Lease) bool { return l.backend == m.Payload })
+			lingering := slices.ContainsFunc(s.giveBack, func(l released) bool { return l.backend == m.Payload })
 			s.mu.Unlock()
 			if lingering {
 				select {
