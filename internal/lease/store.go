@@ -152,13 +152,16 @@ type Store struct {
 	// sent yet, oldest first; awaited records when a release of each
 	// backend was last announced (someone waited for it).
 	giveBack []released
-	awaited  map[string]time.Time
-	gen      uint64
-	started  bool
-	closed   bool
-	cancel   context.CancelFunc
-	ps       *redis.PubSub
-	wg       sync.WaitGroup
+	// lingerArmed is set while the flusher's timer runs for giveBack, so
+	// that a release does not wake the flusher when it need not.
+	lingerArmed bool
+	awaited     map[string]time.Time
+	gen         uint64
+	started     bool
+	closed      bool
+	cancel      context.CancelFunc
+	ps          *redis.PubSub
+	wg          sync.WaitGroup
 
 	renewedOnce chan struct{} // closed after the first successful renewal
 	subscribed  chan struct{} // closed once the subscription is confirmed
@@ -459,9 +462,10 @@ func (s *Store) ReleaseSoon(l Lease) {
 	}
 	held := s.forgetLocked(l)
 	awaited := time.Since(s.awaited[l.backend]) < awaitedFor
+	armed := s.lingerArmed
 	s.mu.Unlock()
-	if !held {
-		return
+	if !held || (armed && !awaited) {
+		return // the flusher's timer already runs: it sends this one in time
 	}
 	wake := s.flushSoon
 	if awaited {
@@ -541,6 +545,7 @@ func (s *Store) flushLingered(ctx context.Context, now time.Time) (time.Time, er
 	if len(s.giveBack) > 0 {
 		next = s.giveBack[0].at.Add(s.o.linger)
 	}
+	s.lingerArmed = !next.IsZero()
 	s.mu.Unlock()
 	return next, s.send(ctx, back)
 }
@@ -578,25 +583,35 @@ func (s *Store) flusher(ctx context.Context) {
 	defer s.wg.Done()
 	linger := time.NewTimer(s.o.linger)
 	linger.Stop()
-	armed := false
 	for {
-		var err error
-		fctx, cancel := context.WithTimeout(ctx, s.o.TTL/3)
+		all := false
 		select {
 		case <-ctx.Done():
-			cancel()
 			return // Close sends what is left
 		case <-s.flushNow:
-			err = s.Flush(fctx)
+			all = true
 		case <-s.flushSoon:
-			if !armed {
-				linger.Reset(s.o.linger)
-				armed = true
+			s.mu.Lock()
+			arm := !s.lingerArmed && len(s.giveBack) > 0
+			var due time.Time
+			if arm {
+				s.lingerArmed, due = true, s.giveBack[0].at.Add(s.o.linger)
 			}
+			s.mu.Unlock()
+			if arm {
+				linger.Reset(time.Until(due))
+			}
+			continue
 		case <-linger.C:
+		}
+		fctx, cancel := context.WithTimeout(ctx, s.o.TTL/3)
+		var err error
+		if all {
+			err = s.Flush(fctx)
+		} else {
 			var next time.Time
-			next, err = s.flushLingered(fctx, time.Now())
-			if armed = !next.IsZero(); armed {
+			// (flushLingered keeps lingerArmed true exactly when next is set.)
+			if next, err = s.flushLingered(fctx, time.Now()); !next.IsZero() {
 				linger.Reset(time.Until(next))
 			}
 		}
