@@ -604,13 +604,13 @@ func (l *Ledger) committer() {
 	defer clock.close()
 	for w := range l.commits {
 		start, cpu := time.Now(), processCPU()
-		waitedBefore, _ := clock.read()
+		waitedBefore, known := clock.read()
 		st := l.store(w.batch, w.final)
 		if lowered {
 			wall := time.Since(start)
 			used := processCPU() - cpu
 			waited := wall // unknown: as if it had waited throughout
-			if w, ok := clock.read(); ok {
+			if w, ok := clock.read(); ok && known {
 				waited = w - waitedBefore
 			}
 			if bypass, starved := l.slow.observe(wall, used, waited, time.Now()); starved {
