@@ -31,7 +31,7 @@ env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} ${PROFILE:+MOONJI_PPROF=127.0.0.1:1606
 server=$!
 # Wait for both to exit: an overloaded gateway drains its backlog while it
 # shuts down, and the next run's gateway would share its core meanwhile.
-trap 'kill $server $mock 2>/dev/null; wait $server $mock 2>/dev/null; [ -n "$schema" ] && psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $schema CASCADE" >/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $server $mock 2>/dev/null || true; wait $server $mock 2>/dev/null || true; [ -z "$schema" ] || psql "$PG" -qc "SET client_min_messages = warning; DROP SCHEMA $schema CASCADE" >/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 key=$("$BIN" keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}' >"$dir/body.json"

@@ -29,7 +29,7 @@ MOONJI_BIN=${MOONJI_BIN:-bin/moonji}
 port=18090
 dir=$(mktemp -d)
 server=""
-trap '[ -n "$server" ] && kill $server 2>/dev/null; "$BENCH/nginx-baseline.sh" stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+trap '[ -z "$server" ] || kill $server 2>/dev/null || true; "$BENCH/nginx-baseline.sh" stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 
 run_moonji() { # label database_url redis_url
   local label=$1 db=$2 redis=$3 d="$dir/$1"

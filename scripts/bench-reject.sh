@@ -26,7 +26,7 @@ YAML
 MOONJI_DEV_ADMIN_PASSWORD=bench ${MOONJI_BIN:-bin/moonji} serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
 server=$!
 holder=""
-trap 'kill $server ${holder:-} 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $server ${holder:-} 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 key=$(${MOONJI_BIN:-bin/moonji} keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench)
 slow=$(${MOONJI_BIN:-bin/moonji} keys create --config "$dir/moonji.yaml" --owner slow@localhost --name slow --rpm 1)

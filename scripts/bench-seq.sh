@@ -27,7 +27,7 @@ case $MODE in
   *) echo "MODE is seq or stream" >&2; exit 2 ;;
 esac
 server=""
-trap 'kill $mock $server 2>/dev/null; wait $mock $server 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; rm -rf "$dir"' EXIT
 sleep 0.5
 p50() { "$@" | sed -E "s/.*$stat=([0-9.]+)ms.*/\\1/"; }
 for bin in "$@"; do
