@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +68,14 @@ func eachDatabase(t *testing.T, fn func(t *testing.T, dbURL string)) {
 
 func startEnv(t *testing.T, dbURL string, opts ...envOption) *testEnv {
 	t.Helper()
-	mock := mockllm.New(mockllm.Options{Models: []string{"m1", "mock", "upstream-name"}, ReplayDir: fixtures,
+	return startEnvReplaying(t, dbURL, fixtures, opts...)
+}
+
+// startEnvReplaying is startEnv with the mock engine replaying the
+// recordings of dir ("mock": {"replay": name}).
+func startEnvReplaying(t *testing.T, dbURL, dir string, opts ...envOption) *testEnv {
+	t.Helper()
+	mock := mockllm.New(mockllm.Options{Models: []string{"m1", "mock", "upstream-name"}, ReplayDir: dir,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ms := httptest.NewServer(mock)
 	t.Cleanup(ms.Close)
@@ -83,6 +91,19 @@ func startEnv(t *testing.T, dbURL string, opts ...envOption) *testEnv {
 		o(cfg)
 	}
 	return startWithConfig(t, cfg, mock, ms.URL)
+}
+
+// recordings writes made-up engine recordings (name → bytes) into a
+// directory of their own, for startEnvReplaying.
+func recordings(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 func startWithConfig(t testing.TB, cfg *config.Config, mock *mockllm.Server, mockURL string) *testEnv {

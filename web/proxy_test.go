@@ -137,6 +137,67 @@ func TestRelayIsByteIdenticalToRecordedEngine(t *testing.T) {
 	}
 }
 
+// Frames whose lines are longer than the relay's read buffer (1 KiB; lines
+// of every length around one and two buffers) reach the client whole and
+// byte for byte. A line one byte longer than the buffer once ended its
+// frame early: the client got the frame without its blank line, and
+// openai-node's finalResponse() came back without the response.completed
+// event (Ollama's, 1,025 bytes long).
+func TestRelayKeepsFramesWithLongLines(t *testing.T) {
+	// line is a data line of exactly n bytes, its line feed included.
+	line := func(n int, json func(pad string) string) string {
+		l := "data: " + json("") + "\n"
+		return "data: " + json(strings.Repeat("x", n-len(l))) + "\n"
+	}
+	chunk := func(pad string) string {
+		return `{"id":"chatcmpl-long","object":"chat.completion.chunk","created":1795979333,"model":"m1","choices":[{"index":0,"delta":{"content":"` + pad + `"},"finish_reason":null}]}`
+	}
+	var chat, resp strings.Builder
+	chat.WriteString(line(200, chunk) + "\n")
+	resp.WriteString("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_long\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
+	seq := 1
+	for _, around := range []int{1 << 10, 2 << 10} {
+		for n := around - 3; n <= around+3; n++ {
+			chat.WriteString(line(n, chunk) + "\n")
+			crlf := line(n-1, chunk)
+			chat.WriteString(strings.TrimSuffix(crlf, "\n") + "\r\n\r\n")
+			delta := func(pad string) string {
+				return `{"type":"response.output_text.delta","sequence_number":` + strconv.Itoa(seq) + `,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"` + pad + `"}`
+			}
+			resp.WriteString("event: response.output_text.delta\n" + line(n, delta) + "\n")
+			seq++
+		}
+	}
+	chat.WriteString("data: [DONE]\n\n")
+	completed := func(pad string) string {
+		return `{"type":"response.completed","sequence_number":` + strconv.Itoa(seq) + `,"response":{"id":"resp_long","status":"completed","metadata":{"pad":"` + pad + `"},"usage":{"input_tokens":3,"output_tokens":14,"total_tokens":17}}}`
+	}
+	resp.WriteString("event: response.completed\n" + line(1<<10+1, completed) + "\n")
+	dir := recordings(t, map[string]string{"long.sse": chat.String(), "long_responses.sse": resp.String()})
+	e := startEnvReplaying(t, "sqlite://"+t.TempDir()+"/m.db", dir, allAPIs)
+
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"replay":"long.sse"}}`, chat.String()},
+		{"/v1/responses", `{"model":"m1","stream":true,"input":"x","mock":{"replay":"long_responses.sse"}}`, resp.String()},
+	} {
+		r := e.postPath(context.Background(), c.path, c.body)
+		got := readAll(t, r.Body)
+		r.Body.Close()
+		if got != c.want {
+			gf, wf := strings.SplitAfter(got, "\n\n"), strings.SplitAfter(c.want, "\n\n")
+			for i := range min(len(gf), len(wf)) {
+				if gf[i] != wf[i] {
+					t.Fatalf("%s: frame %d differs (%d frames vs %d):\n got %q\nwant %q", c.path, i, len(gf), len(wf), tail(gf[i]), tail(wf[i]))
+				}
+			}
+			t.Fatalf("%s: %d bytes relayed, the engine wrote %d", c.path, len(got), len(c.want))
+		}
+		if row := e.final(r.Header.Get("X-Inference-Id")); row.Outcome != models.OutcomeSuccess {
+			t.Errorf("%s: outcome %s", c.path, row.Outcome)
+		}
+	}
+}
+
 // usageFrame is the usage chunk's frame of a recorded stream, "" if none.
 func usageFrame(s string) string {
 	for _, f := range strings.SplitAfter(s, "\n\n") {

@@ -2,19 +2,12 @@ package web_test
 
 import (
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"moonji/internal/config"
-	"moonji/internal/mockllm"
 	"moonji/models"
 )
 
@@ -96,7 +89,6 @@ func TestStoppedStreamClosesEveryChoice(t *testing.T) {
 // be stopped before some of the n have a chunk: those get one all the same,
 // with the role, in the closing chunk.
 func TestStoppedStreamClosesChoicesNeverStarted(t *testing.T) {
-	dir := t.TempDir()
 	head := `data: {"id":"chatcmpl-lazy","object":"chat.completion.chunk","created":1795979333,"model":"m1","choices":[`
 	var rec strings.Builder
 	rec.WriteString(head + `{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n")
@@ -105,18 +97,7 @@ func TestStoppedStreamClosesChoicesNeverStarted(t *testing.T) {
 	}
 	rec.WriteString(head + `{"index":1,"delta":{"role":"assistant","content":"late"},"finish_reason":null}]}` + "\n\n")
 	rec.WriteString("data: [DONE]\n\n")
-	if err := os.WriteFile(filepath.Join(dir, "lazy.sse"), []byte(rec.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, ReplayDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	ms := httptest.NewServer(mock)
-	t.Cleanup(ms.Close)
-	e := startWithConfig(t, &config.Config{
-		DatabaseURL: "sqlite://" + t.TempDir() + "/m.db",
-		RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
-		Backends:    []config.Backend{{Name: "mock", URL: ms.URL + "/v1", MaxConcurrency: 4, MaxQueue: 4, QueueTimeout: 5 * time.Second}},
-		Models:      []config.Model{{Name: "m1", Backend: "mock"}},
-	}, mock, ms.URL)
+	e := startEnvReplaying(t, "sqlite://"+t.TempDir()+"/m.db", recordings(t, map[string]string{"lazy.sse": rec.String()}))
 
 	s := startStream(t, e, e.Key, `{"model":"m1","stream":true,"n":2,"messages":[{"role":"user","content":"x"}],"mock":{"replay":"lazy.sse","tps":50}}`)
 	waitContent(t, s, 3)

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -202,12 +204,21 @@ func FuzzReadFrame(f *testing.F) {
 		"data: {\"id\":1}\n\ndata: {\"id\":\"x\",\"model\":7}\n\n",
 		"data: \n\ndata:\n\n",
 		"no newline at all",
+		// Lines one byte longer than the 16-byte reader: their last piece
+		// is just the line's end.
+		"data: {\"a\":\"bc\"}\n\n" + done,
+		"data: {\"a\":\"b\"}\r\n\r\n" + done,
 	} {
 		f.Add([]byte(s), false, uint8(0), uint8(0))
 		f.Add([]byte(s), true, uint8(1), uint8(2))
 	}
 	closing := []byte("data: {\"closing\":true}\n\ndata: [DONE]\n\n")
 	f.Fuzz(func(t *testing.T, stream []byte, strip bool, stopAfter, bufSize uint8) {
+		// The relay's reader is smaller than many lines: the frames must be
+		// the ones a reader holding the whole stream at once finds.
+		if got, want := framesOf(stream, 16), framesOf(stream, len(stream)+16); !slices.Equal(got, want) {
+			t.Fatalf("frames with a 16-byte reader:\n%q\nwith one holding the stream:\n%q", got, want)
+		}
 		var frames, content, ends, dones int
 		s := NewStream(bufio.NewReaderSize(bytes.NewReader(stream), 16), RelayOptions{
 			StripUsage: strip,
@@ -270,6 +281,23 @@ func FuzzReadFrame(f *testing.F) {
 			t.Fatalf("result %+v (OnContent saw %d)", res, content)
 		}
 	})
+}
+
+// framesOf splits stream into frames with readFrame over a reader of the
+// given buffer size; the last element is what the final read returned, with
+// its error.
+func framesOf(stream []byte, size int) []string {
+	br := bufio.NewReaderSize(bytes.NewReader(stream), size)
+	var out []string
+	var buf []byte
+	for {
+		var err error
+		buf, err = readFrame(br, buf)
+		if err != nil {
+			return append(out, fmt.Sprintf("%q: %v", buf, err))
+		}
+		out = append(out, string(buf))
+	}
 }
 
 // isSubsequence reports whether a is b with some bytes left out.

@@ -133,6 +133,33 @@ func TestStreamNeverRelaysATornFrame(t *testing.T) {
 	}
 }
 
+// A line longer than the reader's buffer comes in pieces, and the last
+// piece of a line one byte longer is just its line feed: that piece must not
+// end the frame (found with Ollama's response.completed event, whose data
+// line was 1,025 bytes against the relay's 1 KiB buffer: the client got the
+// frame without its blank line and never saw the event).
+func TestFramesWithLinesLongerThanTheBuffer(t *testing.T) {
+	const size = 16 // bufio's smallest buffer
+	for n := 1; n <= 4*size; n++ {
+		for _, eol := range []string{"\n", "\r\n"} {
+			data := "data: " + strings.Repeat("x", n) + eol
+			frames := []string{"event: e\n" + data + eol, data + "data: y" + eol + eol, "data: [DONE]" + eol + eol}
+			br := bufio.NewReaderSize(strings.NewReader(strings.Join(frames, "")), size)
+			var buf []byte
+			for i, want := range frames {
+				var err error
+				buf, err = readFrame(br, buf[:0])
+				if err != nil || string(buf) != want {
+					t.Fatalf("line of %d bytes, %q: frame %d = %q, %v; want %q", len(data), eol, i, buf, err, want)
+				}
+			}
+			if buf, err := readFrame(br, buf[:0]); err != io.EOF || len(buf) != 0 {
+				t.Fatalf("line of %d bytes, %q: after the last frame %q, %v", len(data), eol, buf, err)
+			}
+		}
+	}
+}
+
 func TestStreamCloseEarlyMeansTheClientLeft(t *testing.T) {
 	s := newStream(role+word+word+done, RelayOptions{})
 	var delivered = true

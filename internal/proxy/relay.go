@@ -305,12 +305,17 @@ func Relay(dst *bufio.Writer, src *bufio.Reader, o RelayOptions) RelayResult {
 	}
 }
 
-// readFrame appends one SSE frame (lines up to and including the blank line
-// that ends it) to buf.
+// readFrame reads one SSE frame (lines up to and including the blank line
+// that ends it) into buf's storage and returns it. A line longer than r's buffer
+// comes in pieces; only a whole line can be the blank one, so the piece
+// that ends a long line is never taken for the frame's end (a line one
+// byte longer than the buffer ends in a piece that is just "\n").
 func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	lineStart := 0 // where the line being read starts in buf
 	for {
-		line, err := r.ReadSlice('\n')
-		buf = append(buf, line...)
+		piece, err := r.ReadSlice('\n')
+		buf = append(buf, piece...)
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
 			if len(buf) > maxFrame {
@@ -320,8 +325,8 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 		case err != nil:
 			return buf, err
 		}
-		if isBlank(line) {
-			if len(buf) == len(line) {
+		if isBlank(buf[lineStart:]) {
+			if lineStart == 0 {
 				// Stray blank line between frames: relay it as its own
 				// frame would change nothing, so keep reading.
 				buf = buf[:0]
@@ -329,6 +334,7 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 			}
 			return buf, nil
 		}
+		lineStart = len(buf)
 	}
 }
 
