@@ -160,6 +160,34 @@ func TestFramesWithLinesLongerThanTheBuffer(t *testing.T) {
 	}
 }
 
+// An engine that never ends its frame cannot make the relay hold more than
+// maxFrame, whether in one long line or in many short ones.
+func TestFrameIsBounded(t *testing.T) {
+	for name, line := range map[string]string{"one long line": strings.Repeat("x", 64<<10), "short lines": "data: x\n"} {
+		r := io.MultiReader(strings.NewReader("data: {}\n"), io.LimitReader(&repeat{s: line}, 2*maxFrame))
+		buf, err := readFrame(bufio.NewReaderSize(r, 1<<10), nil)
+		if !errors.Is(err, errFrameTooLarge) || len(buf) > maxFrame+64<<10 {
+			t.Errorf("%s: %d bytes held, %v", name, len(buf), err)
+		}
+	}
+}
+
+// repeat reads s over and over, without end.
+type repeat struct {
+	s   string
+	off int
+}
+
+func (r *repeat) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], r.s[r.off:])
+		n += c
+		r.off = (r.off + c) % len(r.s)
+	}
+	return n, nil
+}
+
 func TestStreamCloseEarlyMeansTheClientLeft(t *testing.T) {
 	s := newStream(role+word+word+done, RelayOptions{})
 	var delivered = true

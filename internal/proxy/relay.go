@@ -118,6 +118,8 @@ func (r *RelayResult) Unfinished(n int) []OpenChoice {
 // maxFrame bounds one SSE frame; a longer one is an engine bug, not an answer.
 const maxFrame = 4 << 20
 
+var errFrameTooLarge = errors.New("SSE frame too large")
+
 // Stream relays an engine's SSE answer as an io.ReadCloser that the HTTP
 // server pulls from (fasthttp's SetBodyStream). Each Read hands out at most
 // one frame, byte for byte; fasthttp writes and flushes it to the socket
@@ -306,21 +308,23 @@ func Relay(dst *bufio.Writer, src *bufio.Reader, o RelayOptions) RelayResult {
 }
 
 // readFrame reads one SSE frame (lines up to and including the blank line
-// that ends it) into buf's storage and returns it. A line longer than r's buffer
-// comes in pieces; only a whole line can be the blank one, so the piece
-// that ends a long line is never taken for the frame's end (a line one
-// byte longer than the buffer ends in a piece that is just "\n").
+// that ends it) into buf's storage and returns it. A line longer than r's
+// buffer comes in pieces; only a whole line can be the blank one, so the
+// piece that ends a long line is never taken for the frame's end (a line
+// one byte longer than the buffer ends in a piece that is just "\n"). A
+// frame longer than maxFrame, in long lines or many short ones, is an
+// error.
 func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 	buf = buf[:0]
 	lineStart := 0 // where the line being read starts in buf
 	for {
 		piece, err := r.ReadSlice('\n')
 		buf = append(buf, piece...)
+		if len(buf) > maxFrame {
+			return buf, errFrameTooLarge
+		}
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
-			if len(buf) > maxFrame {
-				return buf, errors.New("SSE frame too large")
-			}
 			continue
 		case err != nil:
 			return buf, err
