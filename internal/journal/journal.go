@@ -12,11 +12,11 @@
 // (BENCHMARKS.md §20). The journal's goroutine keeps the pages just ahead
 // of the last record faulted in writable (MADV_POPULATE_WRITE), so that the
 // copy does not fault either (§29). Where a segment cannot be allocated or
-// mapped, it is written with write(2) instead. The part of a segment not yet written is
-// zeros; a reader stops at the first. A segment is deleted once every row
-// begun in it is durable. When a replica starts, Open returns the rows its
-// previous life began and never made durable; the caller records them (as
-// gateway_restart) and then calls Recovered.
+// mapped, it is written with write(2) instead. The part of a segment not
+// yet written is zeros; a reader stops at the first. A segment is deleted
+// once every row begun in it is durable. When a replica starts, Open
+// returns the rows its previous life began and never made durable; the
+// caller records them (as gateway_restart) and then calls Recovered.
 //
 // What a crash can lose: a killed process loses nothing that Begin returned
 // for, since its writes are in the kernel's page cache (a shared file
@@ -358,10 +358,10 @@ func (j *Journal) Begin(row *models.Usage) error {
 }
 
 // askAhead asks the journal's goroutine to prefault the current segment
-// past its last record, unless it cannot or was asked already. Called with
-// j.mu held.
+// past its last record, unless it cannot, the segment is prefaulted to its
+// end, or it was asked already. Called with j.mu held.
 func (j *Journal) askAhead() {
-	if j.noPrefault || j.cur.mem == nil {
+	if j.noPrefault || j.cur.mem == nil || j.cur.ready >= int64(len(j.cur.mem)) {
 		return
 	}
 	select {
