@@ -144,10 +144,11 @@ func TestRelayIsByteIdenticalToRecordedEngine(t *testing.T) {
 // openai-node's finalResponse() came back without the response.completed
 // event (Ollama's, 1,025 bytes long).
 func TestRelayKeepsFramesWithLongLines(t *testing.T) {
-	// line is a data line of exactly n bytes, its line feed included.
-	line := func(n int, json func(pad string) string) string {
-		l := "data: " + json("") + "\n"
-		return "data: " + json(strings.Repeat("x", n-len(l))) + "\n"
+	// line is a data line of exactly n bytes, its line feed included, of
+	// the payload padded to length.
+	line := func(n int, payload func(pad string) string) string {
+		l := "data: " + payload("") + "\n"
+		return "data: " + payload(strings.Repeat("x", n-len(l))) + "\n"
 	}
 	chunk := func(pad string) string {
 		return `{"id":"chatcmpl-long","object":"chat.completion.chunk","created":1795979333,"model":"m1","choices":[{"index":0,"delta":{"content":"` + pad + `"},"finish_reason":null}]}`
