@@ -71,7 +71,7 @@ var mapSegments, prefaultSegments = true, true
 // and the first after a sync wrote it back, faults, and a fault on Begin's
 // copy is on a request's path (measured on this project's VM: ~0.12 faults
 // a request at 1,000 req/s, most of them here). 64 KiB is ~180 rows; Begin
-// asks for more when half of it is used. A variable for tests.
+// asks for more when half of it is used. A variable for tests, read by Open.
 var prefaultAhead int64 = 64 << 10
 
 // ErrLocked is returned by Open when another process holds the journal of
@@ -95,8 +95,10 @@ type Journal struct {
 	stop    chan struct{}
 	stopped chan struct{}
 	// ahead asks the journal's goroutine to prefault more of the current
-	// segment; noPrefault is set when the kernel cannot (before Linux 5.14).
+	// segment, window bytes past its last record; noPrefault is set when
+	// the kernel cannot (before Linux 5.14).
 	ahead      chan struct{}
+	window     int64
 	noPrefault bool
 }
 
@@ -127,7 +129,8 @@ func Open(dir, replica string, log *slog.Logger) (*Journal, []models.Usage, erro
 		return nil, nil, fmt.Errorf("journal: create %s: %w", dir, err)
 	}
 	j := &Journal{dir: dir, base: fileBase(replica), log: log, segs: map[int]*segment{}, where: map[string]*segment{},
-		stop: make(chan struct{}), stopped: make(chan struct{}), ahead: make(chan struct{}, 1), noPrefault: !prefaultSegments}
+		stop: make(chan struct{}), stopped: make(chan struct{}), ahead: make(chan struct{}, 1),
+		window: prefaultAhead, noPrefault: !prefaultSegments}
 	lock, err := os.OpenFile(filepath.Join(dir, j.base+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, nil, fmt.Errorf("journal: open lock: %w", err)
@@ -351,7 +354,7 @@ func (j *Journal) Begin(row *models.Usage) error {
 	}
 	j.cur.open++
 	j.where[row.InferenceID] = j.cur
-	if j.cur.size+prefaultAhead/2 > j.cur.ready {
+	if j.cur.size+j.window/2 > j.cur.ready {
 		j.askAhead()
 	}
 	return nil
@@ -370,7 +373,7 @@ func (j *Journal) askAhead() {
 	}
 }
 
-// prefault makes the next prefaultAhead bytes of the current segment's
+// prefault makes the next window bytes of the current segment's
 // mapping writable, from where the last prefault ended or from its last
 // record's page. It runs on the journal's goroutine, not holding j.mu
 // during the system call.
@@ -384,7 +387,7 @@ func (j *Journal) prefault() {
 	// Whole pages: madvise refuses a range that does not start on one.
 	page := int64(pageSize)
 	from := max(s.size&^(page-1), s.ready)
-	to := min((s.size+prefaultAhead+page-1)&^(page-1), int64(len(s.mem)))
+	to := min((s.size+j.window+page-1)&^(page-1), int64(len(s.mem)))
 	if to <= from {
 		j.mu.Unlock()
 		return
