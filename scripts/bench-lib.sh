@@ -43,6 +43,39 @@ bench_mock() {
   mock=$!
 }
 
+# bench_nginx_engine DIR starts nginx on 127.0.0.1:18080, on core 0, as an
+# engine answering every request with the bench mock's chat completion (the
+# same bytes, usage included) and nothing else: an engine that costs the
+# shared core far less a request than the Go mock, for the rates one core
+# of the gateway is asked to sustain. Sets mock to its pid.
+bench_nginx_engine() {
+  local d=$1/nginx-engine
+  mkdir -p "$d"
+  cat >"$d/nginx.conf" <<NG
+daemon off;
+worker_processes 1;
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $d/body; proxy_temp_path $d/proxy;
+  fastcgi_temp_path $d/fcgi; uwsgi_temp_path $d/uwsgi; scgi_temp_path $d/scgi;
+  keepalive_requests 100000000; keepalive_timeout 300s;
+  server {
+    listen 127.0.0.1:18080;
+    location / {
+      default_type application/json;
+      return 200 '{"id":"chatcmpl-mock1","object":"chat.completion","created":1796373502,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the mock upstream."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16},"system_fingerprint":"fp_mock"}';
+    }
+  }
+}
+NG
+  taskset -c 0 nginx -c "$d/nginx.conf" &
+  mock=$!
+  for _ in $(seq 50); do curl -s -o /dev/null -X POST http://127.0.0.1:18080/v1/chat/completions && break; sleep 0.1; done
+}
+
 # bench_pinned BIN DIR starts BIN serving the bench configuration from DIR
 # (port 18093), pins the serving process with all its threads to core 1,
 # and writes DIR/targets, one chat completion for vegeta with a new key.

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # The highest rate of non-streamed requests one core sustains at p99 <= 5 ms
-# (issue 12): `moonji serve` pinned to core 1, the shared bench mock and
-# vegeta on core 0, open loop for 10 s at each rate in RATES.
+# (issue 12): `moonji serve` pinned to core 1; the engine and the load
+# generator on core 0; open loop for 10 s at each rate in RATES.
 #
 #   scripts/bench-maxrate.sh                          (the ledger in SQLite)
 #   DB=postgres scripts/bench-maxrate.sh              (PostgreSQL + Redis rate limits)
 #   RATES="1000 3000 5000" scripts/bench-maxrate.sh
 #   PROFILE=/tmp/prof RATES=1000 scripts/bench-maxrate.sh  (a 9 s CPU profile
 #       and a heap profile per rate, cpu-RATE.pprof / heap-RATE.pprof)
+#   DIRECT=1 scripts/bench-maxrate.sh                 (the engine alone: what
+#       the harness can offer at each rate)
+#
+# The engine is nginx answering the bench mock's chat completion
+# (bench_nginx_engine) and the load comes from scripts/openloop, whose
+# latencies count from when each request was due: vegeta and the Go mock
+# cost core 0 too much a request to offer 5,000 req/s (BENCHMARKS.md §30).
+# ENGINE=mock LOADGEN=vegeta is the earlier harness (§25).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
@@ -16,8 +24,12 @@ VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
 BIN=${MOONJI_BIN:-bin/moonji}   # MOONJI_BIN: another build, e.g. the commit before a change
 [ -n "${MOONJI_BIN:-}" ] || make -s build
+ENGINE=${ENGINE:-nginx}
+LOADGEN=${LOADGEN:-openloop}
 dir=$(mktemp -d)
-(cd "$BENCH/mockup" && go build -o "$dir/mockup" main.go)
+if [ "$LOADGEN" = openloop ]; then
+  go build -o "$dir/openloop" ./scripts/openloop
+fi
 port=18091
 db="sqlite://$dir/moonji.db" redis="" schema=""
 if [ "${DB:-sqlite}" = postgres ]; then
@@ -25,9 +37,14 @@ if [ "${DB:-sqlite}" = postgres ]; then
   db="$PG&search_path=$schema" redis=$REDIS
 fi
 bench_config "$dir/moonji.yaml" "$port" "$db" "$redis"
-taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
-mock=$!
-env ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} ${PROFILE:+MOONJI_PPROF=127.0.0.1:16060} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
+if [ "$ENGINE" = nginx ]; then
+  bench_nginx_engine "$dir"
+else
+  (cd "$BENCH/mockup" && go build -o "$dir/mockup" main.go)
+  taskset -c 0 "$dir/mockup" -listen 127.0.0.1:18080 >"$dir/mock.log" 2>&1 &
+  mock=$!
+fi
+env ${GOGC:+GOGC=$GOGC} ${GOMAXPROCS:+GOMAXPROCS=$GOMAXPROCS} ${PROFILE:+MOONJI_PPROF=127.0.0.1:16060} MOONJI_JOURNAL_DIR=$dir/journal MOONJI_DEV_ADMIN_PASSWORD=bench taskset -c 1 "$BIN" serve --config "$dir/moonji.yaml" >"$dir/serve.log" 2>&1 &
 server=$!
 # Wait for both to exit: an overloaded gateway drains its backlog while it
 # shuts down, and the next run's gateway would share its core meanwhile.
@@ -35,10 +52,23 @@ trap 'kill $server $mock 2>/dev/null || true; wait $server $mock 2>/dev/null || 
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 key=$("$BIN" keys create --config "$dir/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}' >"$dir/body.json"
-printf 'POST http://127.0.0.1:%s/v1/chat/completions\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$port" "$key" "$dir/body.json" >"$dir/targets"
-taskset -c 0 "$VEGETA" attack -rate 1000 -duration 5s -targets "$dir/targets" >/dev/null # warm-up
+url=http://127.0.0.1:$port/v1/chat/completions
+[ -z "${DIRECT:-}" ] || url=http://127.0.0.1:18080/v1/chat/completions
+printf 'POST %s\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n' "$url" "$key" "$dir/body.json" >"$dir/targets"
+
+# attack RATE SECONDS prints "p50 p90 p99 max ok%" (milliseconds).
+attack() {
+  if [ "$LOADGEN" = openloop ]; then
+    taskset -c 0 "$dir/openloop" -url "$url" -body "$dir/body.json" -H "Authorization: Bearer $key" -rate "$1" -duration "$2s" |
+      awk '{ printf "%s %s %s %s %.2f\n", $8, $10, $12, $14, $6 * 100 / $4 }'
+  else
+    taskset -c 0 "$VEGETA" attack -rate "$1" -duration "$2s" -targets "$dir/targets" | "$VEGETA" report -type=json |
+      python3 -c "import json,sys; d=json.load(sys.stdin); l=d['latencies']; print('%.3f %.3f %.3f %.3f %.2f' % tuple([l[k]/1e6 for k in ('50th','90th','99th','max')] + [d['success']*100]))"
+  fi
+}
+attack 1000 5 >/dev/null # warm-up
 hz=$(getconf CLK_TCK)
-printf '%-6s %-9s %-9s %-9s %-8s %-6s\n' rate p50 p99 max success cpu
+printf '%-6s %-9s %-9s %-9s %-9s %-8s %-6s\n' rate p50 p90 p99 max success cpu
 for r in $RATES; do
   t0=$(awk '{print $14+$15}' /proc/$server/stat)
   if [ -n "${PROFILE:-}" ]; then
@@ -47,8 +77,8 @@ for r in $RATES; do
      curl -s -o "$PROFILE/heap-$r.pprof" "http://127.0.0.1:16060/debug/pprof/heap") &
     profiler=$!
   fi
-  out=$(taskset -c 0 "$VEGETA" attack -rate "$r" -duration 10s -targets "$dir/targets" | "$VEGETA" report -type=json)
+  read -r p50 p90 p99 max ok < <(attack "$r" 10)
   t1=$(awk '{print $14+$15}' /proc/$server/stat)
   [ -z "${PROFILE:-}" ] || wait $profiler
-  echo "$out" | python3 -c "import json,sys; d=json.load(sys.stdin); l=d['latencies']; print('%-6s %-9s %-9s %-9s %-8s %d%%' % ($r, '%.2fms'%(l['50th']/1e6), '%.2fms'%(l['99th']/1e6), '%.1fms'%(l['max']/1e6), '%.2f%%'%(d['success']*100), ($t1-$t0)*100/(10*$hz)))"
+  printf '%-6s %-9s %-9s %-9s %-9s %-8s %d%%\n' "$r" "${p50}ms" "${p90}ms" "${p99}ms" "${max}ms" "$ok%" $(((t1 - t0) * 100 / (10 * hz)))
 done
