@@ -3,9 +3,10 @@ package journal
 import (
 	"fmt"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"moonji/models"
 )
@@ -111,13 +112,13 @@ func TestBeginTakesNoPageFault(t *testing.T) {
 }
 
 // waitPrefaulted waits until the current segment is prefaulted a whole
-// prefaultAhead past its last record.
+// window past its last record.
 func waitPrefaulted(t *testing.T, j *Journal) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		j.mu.Lock()
-		done := j.cur.ready >= min(j.cur.size+prefaultAhead, int64(len(j.cur.mem))) && !j.cur.busy
+		done := j.cur.ready >= min(j.cur.size+j.window, int64(len(j.cur.mem))) && !j.cur.busy
 		j.mu.Unlock()
 		if done {
 			return
@@ -132,8 +133,8 @@ func waitPrefaulted(t *testing.T, j *Journal) {
 // threadFaults is the calling thread's count of minor page faults.
 func threadFaults(t *testing.T) int64 {
 	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru); err != nil {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
 		t.Fatal(err)
 	}
 	return ru.Minflt

@@ -207,7 +207,7 @@ func (s *Stream) finish(delivered bool) {
 // usage chunk the client did not ask for), or ends the relay.
 func (s *Stream) next() {
 	var err error
-	s.frame, err = readFrame(s.src, s.frame[:0])
+	s.frame, err = readFrame(s.src, s.frame)
 	if err != nil {
 		// A frame cut off by the error is torn: it is never relayed.
 		if errors.Is(err, io.EOF) {
