@@ -530,11 +530,11 @@ func (x *exchange) run(body []byte) *Response {
 	}
 	x.take(slot) // before start: a pending row names the backend it runs on
 	x.start()
-	model := gjson.GetBytes(body, "model").String()
 	for {
 		x.sent = true
 		var resp *http.Response
 		if link := x.backend.Link; link != nil {
+			model := gjson.GetBytes(body, "model").String()
 			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
 		} else {
 			resp, err = g.client.Post(x.ctx, x.backend.Upstream, x.up, body)
@@ -728,7 +728,7 @@ func (x *exchange) waitBegun() error {
 
 // whole relays a non-streamed answer (or any error answer) in one piece.
 func (x *exchange) whole(resp *http.Response) *Response {
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	data, err := readAnswer(resp)
 	// Closed now, not deferred: the exchange's context ends before this
 	// returns, and a body closed after that cannot give its connection
 	// back for reuse.
@@ -779,6 +779,22 @@ func (x *exchange) whole(resp *http.Response) *Response {
 		ct = "application/json"
 	}
 	return &Response{Status: resp.StatusCode, ContentType: ct, Header: x.header(), Body: data}
+}
+
+// maxAnswer bounds a non-streamed answer read from an engine.
+const maxAnswer = 64 << 20
+
+// readAnswer reads a non-streamed answer's body, at most maxAnswer bytes.
+// One of a known length is read into a buffer of that size: io.ReadAll
+// starts at 512 bytes and grows, leaving each smaller buffer to the
+// collector, for every request.
+func readAnswer(resp *http.Response) ([]byte, error) {
+	if n := resp.ContentLength; n >= 0 && n <= maxAnswer {
+		data := make([]byte, n)
+		_, err := io.ReadFull(resp.Body, data)
+		return data, err
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 }
 
 // stream relays the engine's SSE answer to the client. The server pulls

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"net/textproto"
 	"strconv"
 	"time"
 )
@@ -16,21 +17,35 @@ const (
 	HeaderRetryAfter        = "Retry-After"
 )
 
+// The same names as an http.Header keys them, worked out once: SetHeaders
+// runs for every request, and http.Header.Set would allocate to
+// canonicalize a lower-case name each time (the HTTP server writes every
+// name in this form anyway: names are case-insensitive).
+var (
+	canonicalLimitRequests     = textproto.CanonicalMIMEHeaderKey(HeaderLimitRequests)
+	canonicalRemainingRequests = textproto.CanonicalMIMEHeaderKey(HeaderRemainingRequests)
+	canonicalResetRequests     = textproto.CanonicalMIMEHeaderKey(HeaderResetRequests)
+	canonicalLimitTokens       = textproto.CanonicalMIMEHeaderKey(HeaderLimitTokens)
+	canonicalRemainingTokens   = textproto.CanonicalMIMEHeaderKey(HeaderRemainingTokens)
+	canonicalResetTokens       = textproto.CanonicalMIMEHeaderKey(HeaderResetTokens)
+)
+
 // SetHeaders writes the OpenAI-style rate-limit headers for a request's
 // two decisions through set, which can be fiber's c.Set or an http.Header's
-// Set. A decision with Limit 0 (unlimited, or not evaluated) writes no
-// headers. Retry-After is written only when a decision refused the request:
-// the largest of their RetryAfter values, in whole seconds, never 0.
+// Set, with each name in its canonical form (X-Ratelimit-Limit-Requests).
+// A decision with Limit 0 (unlimited, or not evaluated) writes no headers.
+// Retry-After is written only when a decision refused the request: the
+// largest of their RetryAfter values, in whole seconds, never 0.
 func SetHeaders(set func(name, value string), requests, tokens Decision) {
 	if requests.Limit > 0 {
-		set(HeaderLimitRequests, strconv.Itoa(requests.Limit))
-		set(HeaderRemainingRequests, strconv.Itoa(requests.Remaining))
-		set(HeaderResetRequests, FormatReset(requests.ResetAfter))
+		set(canonicalLimitRequests, strconv.Itoa(requests.Limit))
+		set(canonicalRemainingRequests, strconv.Itoa(requests.Remaining))
+		set(canonicalResetRequests, FormatReset(requests.ResetAfter))
 	}
 	if tokens.Limit > 0 {
-		set(HeaderLimitTokens, strconv.Itoa(tokens.Limit))
-		set(HeaderRemainingTokens, strconv.Itoa(tokens.Remaining))
-		set(HeaderResetTokens, FormatReset(tokens.ResetAfter))
+		set(canonicalLimitTokens, strconv.Itoa(tokens.Limit))
+		set(canonicalRemainingTokens, strconv.Itoa(tokens.Remaining))
+		set(canonicalResetTokens, FormatReset(tokens.ResetAfter))
 	}
 	if s := RetryAfterSeconds(requests, tokens); s > 0 {
 		set(HeaderRetryAfter, strconv.Itoa(s))

@@ -29,13 +29,14 @@ func TestSetHeaders(t *testing.T) {
 	SetHeaders(set,
 		Decision{Allowed: true, Limit: 60, Remaining: 59, ResetAfter: time.Second},
 		Decision{Allowed: false, Limit: 10000, Remaining: 0, ResetAfter: 6 * time.Minute, RetryAfter: 3 * time.Second})
+	// Canonical names, so that an http.Header's Set keeps them as they are.
 	want := map[string]string{
-		"x-ratelimit-limit-requests":     "60",
-		"x-ratelimit-remaining-requests": "59",
-		"x-ratelimit-reset-requests":     "1s",
-		"x-ratelimit-limit-tokens":       "10000",
-		"x-ratelimit-remaining-tokens":   "0",
-		"x-ratelimit-reset-tokens":       "6m0s",
+		"X-Ratelimit-Limit-Requests":     "60",
+		"X-Ratelimit-Remaining-Requests": "59",
+		"X-Ratelimit-Reset-Requests":     "1s",
+		"X-Ratelimit-Limit-Tokens":       "10000",
+		"X-Ratelimit-Remaining-Tokens":   "0",
+		"X-Ratelimit-Reset-Tokens":       "6m0s",
 		"Retry-After":                    "3",
 	}
 	if len(got) != len(want) {
