@@ -15,7 +15,9 @@
 # (bench_nginx_engine) and the load comes from scripts/openloop, whose
 # latencies count from when each request was due: vegeta and the Go mock
 # cost core 0 too much a request to offer 5,000 req/s (BENCHMARKS.md §30).
-# ENGINE=mock LOADGEN=vegeta is the earlier harness (§25).
+# ENGINE=mock LOADGEN=vegeta is the earlier harness (§25). Needs nginx
+# (Debian: nginx-light) for the default engine. GOGC and GOMAXPROCS, when
+# set, go to the gateway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
@@ -26,6 +28,10 @@ BIN=${MOONJI_BIN:-bin/moonji}   # MOONJI_BIN: another build, e.g. the commit bef
 [ -n "${MOONJI_BIN:-}" ] || make -s build
 ENGINE=${ENGINE:-nginx}
 LOADGEN=${LOADGEN:-openloop}
+if [ "$ENGINE" = nginx ] && ! command -v nginx >/dev/null; then
+  echo "nginx not found (Debian: apt-get install nginx-light), or ENGINE=mock" >&2
+  exit 2
+fi
 dir=$(mktemp -d)
 if [ "$LOADGEN" = openloop ]; then
   go build -o "$dir/openloop" ./scripts/openloop
