@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ func rawEngine(t *testing.T, answer func(n int) (reply string, close bool)) stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	n := 0
+	// Connections are served on goroutines of their own: the count is
+	// shared between them.
+	var n atomic.Int64
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -39,8 +42,7 @@ func rawEngine(t *testing.T, answer func(n int) (reply string, close bool)) stri
 						return
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
-					n++
-					reply, closing := answer(n)
+					reply, closing := answer(int(n.Add(1)))
 					if _, err := io.WriteString(c, reply); err != nil || closing {
 						return
 					}
