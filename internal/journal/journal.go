@@ -42,6 +42,7 @@ import (
 	"syscall"
 	"time"
 
+	"moonji/internal/spareproc"
 	"moonji/models"
 )
 
@@ -569,7 +570,9 @@ func (j *Journal) sync() {
 	// again: what was prefaulted faults anew. So the pages ahead are
 	// prefaulted again, unless nothing was written since the last sync (an
 	// idle journal stays clean, and its next Begin asks).
-	_ = s.f.Sync()
+	// An fsync blocks its thread for milliseconds and keeps its P: on a
+	// one-core gateway the requests would wait for it (spareproc.Blocking).
+	spareproc.Blocking(func() { _ = s.f.Sync() })
 	j.mu.Lock()
 	s.ready = min(s.ready, s.size&^int64(pageSize-1))
 	j.mu.Unlock()

@@ -155,9 +155,10 @@ const (
 // checkpoints asks for a checkpoint when one is due. The checkpoint itself
 // runs on a thread of the lowest priority, like the committer's batches
 // (checkpointer), and this goroutine, at normal priority, wakes that thread
-// only once it has lent the process a second P (spareproc): with one P, the
-// woken low-priority thread would hold it, and every request wait for a
-// thread the kernel runs last.
+// only once it has lent the process a P for it (spareproc.Blocking): with
+// one P, the woken low-priority thread would hold it, and every request
+// wait for a thread the kernel runs last; sharing the P the committer's
+// batches are lent, a checkpoint and a batch at once would hold both.
 func (l *Ledger) checkpoints() {
 	defer l.wg.Done()
 	ask, done := make(chan struct{}), make(chan struct{})
@@ -173,10 +174,13 @@ func (l *Ledger) checkpoints() {
 		case <-t.C:
 		case <-l.kickCkpt:
 		}
-		spareproc.Lend()
-		ask <- struct{}{}
-		<-done
-		spareproc.Return()
+		// A checkpoint writes and syncs files for milliseconds on its own
+		// thread, holding a P throughout: a P of its own, beside the one
+		// a batch being committed meanwhile holds.
+		spareproc.Blocking(func() {
+			ask <- struct{}{}
+			<-done
+		})
 	}
 }
 
@@ -499,16 +503,21 @@ type batchWrite struct {
 // woken.
 func (l *Ledger) writeBatch(batch []op, final bool) {
 	spareproc.Lend()
-	defer spareproc.Return()
 	switch {
 	case len(l.ops) > cap(l.ops)/4:
 	case l.slow.active(time.Now()):
 		l.slow.bypassed.Add(1)
 	default:
 		l.commits <- batchWrite{batch, final}
-		l.settle(<-l.written)
+		st := <-l.written
+		// The P goes back before settle, which clears the batch's rows
+		// from the journal and the running set under locks each request
+		// takes as it begins.
+		spareproc.ReturnAtOnce()
+		l.settle(st)
 		return
 	}
+	defer spareproc.Return()
 	l.write(batch, final)
 }
 

@@ -153,3 +153,67 @@ func TestLendsOnOneCPU(t *testing.T) {
 		t.Fatalf("GOMAXPROCS once taken back: %d, want 1", n)
 	}
 }
+
+func TestReturnAtOnceTakesThePBackNow(t *testing.T) {
+	f := useFake(t, 1)
+	Lend()
+	Lend()
+	ReturnAtOnce() // not the last
+	if n, _, restores := f.get(); n != 2 || restores != 0 {
+		t.Fatalf("one Lend still out: GOMAXPROCS %d, %d restores; want 2, 0", n, restores)
+	}
+	ReturnAtOnce()
+	if n, raises, restores := f.get(); n != 1 || raises != 1 || restores != 1 {
+		t.Fatalf("after the last: GOMAXPROCS %d, %d raises, %d restores; want 1, 1, 1", n, raises, restores)
+	}
+	// A Return before it left the timer armed: ReturnAtOnce stops it, and
+	// the next Lend raises again.
+	Lend()
+	Return()
+	Lend()
+	ReturnAtOnce()
+	time.Sleep(2 * delay)
+	if n, raises, restores := f.get(); n != 1 || raises != 2 || restores != 2 {
+		t.Fatalf("later: GOMAXPROCS %d, %d raises, %d restores; want 1, 2, 2", n, raises, restores)
+	}
+}
+
+// TestBlockingLendsAPOfItsOwn: a blocking call gets a P on top of the one
+// Lend lends, and gives it back when it returns.
+func TestBlockingLendsAPOfItsOwn(t *testing.T) {
+	f := useFake(t, 1)
+	Blocking(func() {
+		if n, _, _ := f.get(); n != 2 {
+			t.Errorf("GOMAXPROCS during a blocking call: %d, want 2", n)
+		}
+	})
+	if n, _, _ := f.get(); n != 1 || Lent() {
+		t.Fatalf("after it: GOMAXPROCS %d, lent %v; want 1, false", n, Lent())
+	}
+	Lend()
+	Blocking(func() {
+		Blocking(func() {
+			if n, _, _ := f.get(); n != 4 {
+				t.Errorf("two blocking calls beside a Lend: GOMAXPROCS %d, want 4", n)
+			}
+		})
+		if n, _, _ := f.get(); n != 3 {
+			t.Errorf("one blocking call beside a Lend: GOMAXPROCS %d, want 3", n)
+		}
+	})
+	if n, _, _ := f.get(); n != 2 {
+		t.Fatalf("the Lend alone: GOMAXPROCS %d, want 2", n)
+	}
+	ReturnAtOnce()
+	if n, _, _ := f.get(); n != 1 {
+		t.Fatalf("nothing lent: GOMAXPROCS %d, want 1", n)
+	}
+}
+
+func TestBlockingLendsNothingWithTwoCPUs(t *testing.T) {
+	f := useFake(t, 2)
+	Blocking(func() {})
+	if _, raises, restores := f.get(); raises != 0 || restores != 0 {
+		t.Fatalf("with GOMAXPROCS 2 already: %d raises, %d restores; want none", raises, restores)
+	}
+}
