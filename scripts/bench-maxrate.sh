@@ -10,6 +10,8 @@
 #       and a heap profile per rate, cpu-RATE.pprof / heap-RATE.pprof)
 #   DIRECT=1 scripts/bench-maxrate.sh                 (the engine alone: what
 #       the harness can offer at each rate)
+#   SLOWLOG=/tmp/slow scripts/bench-maxrate.sh        (the requests over 2 ms,
+#       when each was due and its latency, in /tmp/slow-RATE.txt)
 #
 # The engine is nginx answering the bench mock's chat completion
 # (bench_nginx_engine) and the load comes from scripts/openloop, whose
@@ -65,7 +67,7 @@ printf 'POST %s\nAuthorization: Bearer %s\nContent-Type: application/json\n@%s\n
 # attack RATE SECONDS prints "p50 p90 p99 max ok%" (milliseconds).
 attack() {
   if [ "$LOADGEN" = openloop ]; then
-    taskset -c 0 "$dir/openloop" -url "$url" -body "$dir/body.json" -H "Authorization: Bearer $key" -rate "$1" -duration "$2s" |
+    taskset -c 0 "$dir/openloop" -url "$url" -body "$dir/body.json" -H "Authorization: Bearer $key" -rate "$1" -duration "$2s" ${SLOWLOG:+-slowlog "$SLOWLOG-$1.txt"} |
       awk '{ printf "%s %s %s %s %.2f\n", $8, $10, $12, $14, $6 * 100 / $4 }'
   else
     taskset -c 0 "$VEGETA" attack -rate "$1" -duration "$2s" -targets "$dir/targets" | "$VEGETA" report -type=json |

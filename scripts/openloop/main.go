@@ -4,6 +4,7 @@
 // on the clock (no coordinated omission, as wrk2 counts).
 //
 //	openloop -url URL -body FILE [-H 'Name: value']... [-rate 5000] [-duration 10s] [-conns 512]
+//	         [-slowlog FILE [-slow 2ms]]
 //
 // It exists because vegeta costs too much CPU a request for the two-core
 // bench machine: at 5,000 req/s, vegeta and the mock engine on one core
@@ -13,7 +14,9 @@
 // issue 12 asks about.
 //
 // The output is one line: rate, sent, ok (2xx), p50, p90, p99 and max in
-// milliseconds, and the rate achieved.
+// milliseconds, and the rate achieved. -slowlog writes when each slow
+// request was due (Unix nanoseconds) and its latency, to set beside what
+// the server did then (BENCHMARKS.md §31 did, with a Go execution trace).
 package main
 
 import (
@@ -45,6 +48,8 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "how long to send")
 	flag.IntVar(&cfg.conns, "conns", 512, "connections at most (and requests in flight)")
 	flag.Var(&hdrs, "H", "a request header, 'Name: value' (repeatable)")
+	flag.StringVar(&cfg.slowLog, "slowlog", "", "a file to write each slow request to: when it was due (Unix ns) and its latency (ns)")
+	flag.DurationVar(&cfg.slowOver, "slow", 2*time.Millisecond, "what -slowlog counts as slow")
 	flag.Parse()
 	if cfg.url == "" || *bodyFile == "" || cfg.rate <= 0 || cfg.conns <= 0 {
 		flag.Usage()
@@ -73,6 +78,8 @@ type config struct {
 	rate     int
 	duration time.Duration
 	conns    int
+	slowLog  string
+	slowOver time.Duration
 }
 
 // result is what a run measured.
@@ -135,6 +142,11 @@ func run(cfg config) (result, error) {
 	wg.Wait()
 
 	res := result{sent: n, latencies: latencies, took: time.Since(start)}
+	if cfg.slowLog != "" {
+		if err := writeSlow(cfg.slowLog, start, interval, latencies, cfg.slowOver); err != nil {
+			return res, err
+		}
+	}
 	for _, o := range ok {
 		if o {
 			res.ok++
@@ -160,4 +172,17 @@ func pace(n int, start time.Time, interval time.Duration, due chan<- int) {
 		due <- i
 	}
 	close(due)
+}
+
+// writeSlow writes the requests slower than over to path, one a line: when
+// each was due (Unix nanoseconds) and its latency (nanoseconds), so that
+// they can be set beside what the server was doing then.
+func writeSlow(path string, start time.Time, interval time.Duration, latencies []time.Duration, over time.Duration) error {
+	var b strings.Builder
+	for i, d := range latencies {
+		if d > over {
+			fmt.Fprintf(&b, "%d %d\n", start.Add(time.Duration(i)*interval).UnixNano(), d.Nanoseconds())
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,5 +78,45 @@ func TestLatencyCountsFromWhenDue(t *testing.T) {
 func TestRunRefusesAMalformedHeader(t *testing.T) {
 	if _, err := run(config{url: "http://127.0.0.1:1/", headers: []string{"no colon"}, rate: 1, duration: time.Second, conns: 1}); err == nil {
 		t.Fatal("a header without a colon was accepted")
+	}
+}
+
+// TestSlowLogNamesTheSlowRequests: a server that takes 20 ms for every
+// fifth request; the slow log holds those and only those, each with when
+// it was due (within the run) and a latency above the threshold.
+func TestSlowLogNamesTheSlowRequests(t *testing.T) {
+	var seen atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1)%5 == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+
+	log := filepath.Join(t.TempDir(), "slow.txt")
+	before := time.Now()
+	if _, err := run(config{url: srv.URL, body: []byte(`{}`), rate: 200, duration: 250 * time.Millisecond, conns: 16,
+		slowLog: log, slowOver: 10 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != 10 {
+		t.Fatalf("%d slow requests logged, want the 10 the server delayed:\n%s", len(lines), data)
+	}
+	for _, l := range lines {
+		var due, lat int64
+		if _, err := fmt.Sscanf(l, "%d %d", &due, &lat); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		if at := time.Unix(0, due); at.Before(before) || at.After(time.Now()) {
+			t.Errorf("line %q: due at %v, outside the run", l, at)
+		}
+		if lat < (10 * time.Millisecond).Nanoseconds() {
+			t.Errorf("line %q: latency under the threshold", l)
+		}
 	}
 }
