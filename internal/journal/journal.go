@@ -101,6 +101,19 @@ type Journal struct {
 	ahead      chan struct{}
 	window     int64
 	noPrefault bool
+	// spare is the next segment, made ahead by the journal's goroutine, so
+	// that a rotation on Begin's path only swaps it in; dead are segments
+	// released and not yet let go of (unmapped, closed, deleted), which the
+	// goroutine does. Creating, allocating and mapping a file, and deleting
+	// one, take up to milliseconds, and would otherwise be done holding mu
+	// on a request's path (BENCHMARKS.md §31). retired are segments
+	// rotated out with records not yet synced, which the goroutine syncs:
+	// the once-a-second sync is of the current segment only. tidy asks for
+	// all three.
+	spare   *segment
+	dead    []*segment
+	retired []*segment
+	tidy    chan struct{}
 }
 
 type segment struct {
@@ -130,7 +143,7 @@ func Open(dir, replica string, log *slog.Logger) (*Journal, []models.Usage, erro
 		return nil, nil, fmt.Errorf("journal: create %s: %w", dir, err)
 	}
 	j := &Journal{dir: dir, base: fileBase(replica), log: log, segs: map[int]*segment{}, where: map[string]*segment{},
-		stop: make(chan struct{}), stopped: make(chan struct{}), ahead: make(chan struct{}, 1),
+		stop: make(chan struct{}), stopped: make(chan struct{}), ahead: make(chan struct{}, 1), tidy: make(chan struct{}, 1),
 		window: prefaultAhead, noPrefault: !prefaultSegments}
 	lock, err := os.OpenFile(filepath.Join(dir, j.base+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -269,21 +282,39 @@ func (j *Journal) segmentPath(n int) string {
 // rotate starts a new current segment; the previous one stays until its
 // rows are durable. Called with j.mu held (or before j is shared).
 func (j *Journal) rotate() error {
-	n := j.next
-	path := j.segmentPath(n)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("journal: new segment: %w", err)
+	next := j.spare
+	j.spare = nil
+	if next == nil {
+		// None made ahead yet: made here, on the caller's path.
+		var err error
+		if next, err = j.newSegment(j.next); err != nil {
+			return err
+		}
+		j.next++
 	}
-	j.next++
 	prev := j.cur
-	j.cur = &segment{n: n, path: path, f: f, mem: j.mapSegment(f)}
-	j.segs[n] = j.cur
+	j.cur = next
+	j.segs[next.n] = next
 	if prev != nil {
+		if prev.open > 0 && prev.size != prev.synced {
+			j.retired = append(j.retired, prev) // its open rows need the sync
+		}
 		j.release(prev)
 	}
 	j.askAhead()
+	j.askTidy() // the next spare
 	return nil
+}
+
+// newSegment creates segment n, its blocks allocated and mapped when they
+// can be.
+func (j *Journal) newSegment(n int) (*segment, error) {
+	path := j.segmentPath(n)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("journal: new segment: %w", err)
+	}
+	return &segment{n: n, path: path, f: f, mem: j.mapSegment(f)}, nil
 }
 
 // mapSegment allocates a new segment's blocks and maps it, or returns nil
@@ -323,11 +354,93 @@ func (j *Journal) release(s *segment) {
 		return
 	}
 	delete(j.segs, s.n)
+	j.dead = append(j.dead, s)
+	j.askTidy()
+}
+
+// remove lets go of a segment no longer used: its mapping, its file and
+// its name.
+func (j *Journal) remove(s *segment) {
 	s.unmap()
 	_ = s.f.Close()
 	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		j.log.Warn("journal: remove a finished segment", "path", s.path, "err", err)
 	}
+}
+
+// askTidy asks the journal's goroutine to let go of the released segments
+// and make a spare one. Called with j.mu held.
+func (j *Journal) askTidy() {
+	select {
+	case j.tidy <- struct{}{}:
+	default:
+	}
+}
+
+// tidyUp runs on the journal's goroutine: it syncs the segments rotated
+// out, removes the released ones and makes the next one ahead, its first
+// window prefaulted, with a P lent for the file system calls
+// (spareproc.Blocking).
+func (j *Journal) tidyUp() {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return
+	}
+	dead, retired := j.dead, j.retired
+	j.dead, j.retired = nil, nil
+	sizes := make([]int64, len(retired)) // a retired segment is written no more
+	for i, s := range retired {
+		sizes[i] = s.size
+	}
+	n, makeSpare := j.next, j.spare == nil
+	if makeSpare {
+		j.next++ // reserved: a failure skips the number
+	}
+	prefault, window := !j.noPrefault, j.window
+	j.mu.Unlock()
+	var spare *segment
+	spareproc.Blocking(func() {
+		// A segment released since it was retired is still open until
+		// removed below.
+		for _, s := range retired {
+			_ = s.f.Sync()
+		}
+		for _, s := range dead {
+			j.remove(s)
+		}
+		if !makeSpare {
+			return
+		}
+		s, err := j.newSegment(n)
+		if err != nil {
+			j.log.Warn("journal: make the next segment ahead", "err", err)
+			return
+		}
+		if s.mem != nil && prefault {
+			to := min(window, int64(len(s.mem)))
+			if populateWrite(s.mem[:to]) == nil {
+				s.ready = to
+			}
+		}
+		spare = s
+	})
+	j.mu.Lock()
+	for i, s := range retired {
+		s.synced = sizes[i]
+	}
+	j.mu.Unlock()
+	if spare == nil {
+		return
+	}
+	j.mu.Lock()
+	if j.closed || j.spare != nil {
+		j.mu.Unlock()
+		j.remove(spare)
+		return
+	}
+	j.spare = spare
+	j.mu.Unlock()
 }
 
 // Begin appends row. When it returns nil, a crash of the process can no
@@ -535,7 +648,8 @@ func (j *Journal) Recovered() {
 }
 
 // syncLoop is the journal's goroutine: it syncs the current segment every
-// SyncEvery, and prefaults it ahead of Begin when asked.
+// SyncEvery, prefaults it ahead of Begin when asked, and removes released
+// segments and makes the next one ahead (tidyUp).
 func (j *Journal) syncLoop() {
 	defer close(j.stopped)
 	t := time.NewTicker(SyncEvery)
@@ -546,6 +660,8 @@ func (j *Journal) syncLoop() {
 			return
 		case <-j.ahead:
 			j.prefault()
+		case <-j.tidy:
+			j.tidyUp()
 		case <-t.C:
 			j.sync()
 		}
@@ -593,6 +709,16 @@ func (j *Journal) Close() error {
 	j.mu.Unlock()
 	close(j.stop)
 	<-j.stopped
+	// The goroutine is gone: what it had still to let go of goes now (a
+	// retired segment still open is synced below).
+	for _, s := range j.dead {
+		j.remove(s)
+	}
+	j.dead = nil
+	if j.spare != nil {
+		j.remove(j.spare)
+		j.spare = nil
+	}
 	var first error
 	for _, s := range j.segs {
 		if err := s.f.Sync(); err != nil && first == nil {

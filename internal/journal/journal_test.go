@@ -33,6 +33,52 @@ func segments(t *testing.T, dir string) []string {
 	return m
 }
 
+// waitSegments waits until dir holds n segment files: the journal's
+// goroutine deletes released segments and makes the spare one.
+func waitSegments(t *testing.T, dir string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := segments(t, dir)
+		if len(s) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("segments = %v, want %d", s, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// crash ends j as a killed process would: its goroutine stops and its lock
+// goes, and nothing else. The spare segment is made first, as it usually
+// is by then.
+func crash(t *testing.T, j *Journal) {
+	t.Helper()
+	waitSpare(t, j)
+	close(j.stop)
+	<-j.stopped
+	j.unlock()
+}
+
+// waitSpare waits until j's goroutine has made the next segment ahead.
+func waitSpare(t *testing.T, j *Journal) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		j.mu.Lock()
+		ok := j.spare != nil
+		j.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spare segment was made")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // A row begun and never made durable comes back at the next start, with
 // every field; one made durable does not.
 func TestLeftoversComeBack(t *testing.T) { eachWay(t, testLeftoversComeBack) }
@@ -59,7 +105,7 @@ func testLeftoversComeBack(t *testing.T) {
 		t.Errorf("open = %d, want 1", j.Open())
 	}
 	// No Close: the process dies here. Its lock goes with it.
-	j.unlock()
+	crash(t, j)
 
 	j2, left, err := Open(dir, "host/127.0.0.1:8080", nil)
 	if err != nil {
@@ -69,13 +115,15 @@ func testLeftoversComeBack(t *testing.T) {
 	if ids(left) != "b" || left[0].User != "bob@example.com" || *left[0].UserID != 7 || !left[0].CreatedAt.Equal(b.CreatedAt) {
 		t.Fatalf("leftovers = %+v, want b with its fields", left)
 	}
-	// Until Recovered, the old segment stays (a failed recovery retries).
-	if n := len(segments(t, dir)); n != 2 {
-		t.Errorf("%d segments before Recovered, want the old and the new", n)
+	// Until Recovered, the old segments stay (a failed recovery retries):
+	// the one written and the spare; then the new one and its spare.
+	waitSpare(t, j2)
+	if n := len(segments(t, dir)); n != 4 {
+		t.Errorf("%d segments before Recovered, want the old two and the new two", n)
 	}
 	j2.Recovered()
-	if n := len(segments(t, dir)); n != 1 {
-		t.Errorf("%d segments after Recovered, want 1", n)
+	if n := len(segments(t, dir)); n != 2 {
+		t.Errorf("%d segments after Recovered, want the new one and its spare", n)
 	}
 }
 
@@ -131,26 +179,112 @@ func testSegmentsAreDeletedWhenDurable(t *testing.T) {
 	}
 	defer j.Close()
 	big := strings.Repeat("x", 150) // the row's User column is 320 characters at most
+	j.mu.Lock()
+	first := j.cur.n
+	j.mu.Unlock()
 	n := 0
-	for len(segments(t, dir)) < 3 {
+	for current := first; current < first+2; n++ { // until the third segment is begun
 		r := row(fmt.Sprintf("id-%d", n))
 		r.User = big
 		if err := j.Begin(r); err != nil {
 			t.Fatal(err)
 		}
-		n++
+		j.mu.Lock()
+		current = j.cur.n
+		j.mu.Unlock()
 	}
 	// Everything but the very first row is durable: the first segment
-	// stays for it, the second goes.
+	// stays for it, the second goes; the current one and the spare made
+	// ahead are there.
 	for i := 1; i < n; i++ {
 		j.Durable(fmt.Sprintf("id-%d", i))
 	}
-	if s := segments(t, dir); len(s) != 2 {
-		t.Fatalf("segments = %v, want the first (one open row) and the current", s)
-	}
+	waitSpare(t, j)
+	waitSegments(t, dir, 3)
 	j.Durable("id-0")
-	if s := segments(t, dir); len(s) != 1 {
-		t.Fatalf("segments = %v, want the current only", s)
+	waitSegments(t, dir, 2)
+}
+
+// A rotation on Begin's path swaps in the segment the journal's goroutine
+// made ahead, and the goroutine makes the next one.
+func TestRotationTakesTheSpare(t *testing.T) { eachWay(t, testRotationTakesTheSpare) }
+
+func testRotationTakesTheSpare(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := Open(dir, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	waitSpare(t, j)
+	j.mu.Lock()
+	first, spare := j.cur, j.spare
+	j.mu.Unlock()
+	big := strings.Repeat("x", 150)
+	for i := 0; ; i++ {
+		r := row(fmt.Sprintf("id-%d", i))
+		r.User = big
+		if err := j.Begin(r); err != nil {
+			t.Fatal(err)
+		}
+		j.mu.Lock()
+		cur := j.cur
+		j.mu.Unlock()
+		if cur == first {
+			continue
+		}
+		if cur != spare {
+			t.Fatalf("rotated to %s, not to the spare %s", cur.path, spare.path)
+		}
+		break
+	}
+	waitSpare(t, j)
+	j.mu.Lock()
+	next := j.spare
+	j.mu.Unlock()
+	if next == spare {
+		t.Fatal("the spare taken is still the spare")
+	}
+}
+
+// A segment rotated out with rows still open is synced by the journal's
+// goroutine: the once-a-second sync is of the current segment only.
+func TestRetiredSegmentIsSynced(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := Open(dir, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.mu.Lock()
+	first := j.cur
+	j.mu.Unlock()
+	big := strings.Repeat("x", 150)
+	for i := 0; ; i++ {
+		r := row(fmt.Sprintf("id-%d", i))
+		r.User = big
+		if err := j.Begin(r); err != nil {
+			t.Fatal(err)
+		}
+		j.mu.Lock()
+		rotated := j.cur != first
+		j.mu.Unlock()
+		if rotated {
+			break
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		j.mu.Lock()
+		synced, size := first.synced, first.size
+		j.mu.Unlock()
+		if synced == size {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the retired segment: %d of %d bytes synced", synced, size)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -166,7 +300,7 @@ func testTornRecordIsSkipped(t *testing.T) {
 	}
 	_ = j.Begin(row("whole"))
 	path := j.cur.path
-	j.unlock()
+	crash(t, j)
 	// Where the next record would have gone: a mapped segment's file is
 	// longer than what was written (zeros follow).
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
@@ -242,7 +376,7 @@ func TestManyDurableIDsAreRead(t *testing.T) {
 			all = append(all, id)
 		}
 		j.Durable(all[:2999]...)
-		j.unlock() // the process dies
+		crash(t, j) // the process dies
 		j2, left, err := Open(dir, "r", nil)
 		if err != nil {
 			t.Fatal(err)
