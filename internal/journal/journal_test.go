@@ -33,21 +33,36 @@ func segments(t *testing.T, dir string) []string {
 	return m
 }
 
+// eventually waits up to 5 s for ok to hold, what naming it.
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 5 s: %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// held returns what f returns, run holding j's lock.
+func held[T any](j *Journal, f func() T) T {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return f()
+}
+
 // waitSegments waits until dir holds n segment files: the journal's
 // goroutine deletes released segments and makes the spare one.
 func waitSegments(t *testing.T, dir string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s := segments(t, dir)
-		if len(s) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("segments = %v, want %d", s, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(t, fmt.Sprintf("%d segments", n), func() bool { return len(segments(t, dir)) == n })
+}
+
+// waitSpare waits until j's goroutine has made the next segment ahead.
+func waitSpare(t *testing.T, j *Journal) {
+	t.Helper()
+	eventually(t, "a spare segment", func() bool { return held(j, func() bool { return j.spare != nil }) })
 }
 
 // crash ends j as a killed process would: its goroutine stops and its lock
@@ -61,22 +76,29 @@ func crash(t *testing.T, j *Journal) {
 	j.unlock()
 }
 
-// waitSpare waits until j's goroutine has made the next segment ahead.
-func waitSpare(t *testing.T, j *Journal) {
+// fill begins rows named prefix-0, prefix-1, … until j rotates to another
+// segment, and returns how many it began.
+func fill(t *testing.T, j *Journal, prefix string) int {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		j.mu.Lock()
-		ok := j.spare != nil
-		j.mu.Unlock()
-		if ok {
-			return
+	first := j.current()
+	big := strings.Repeat("x", 150) // the row's User column is 320 characters at most
+	for n := 1; ; n++ {
+		r := row(fmt.Sprintf("%s-%d", prefix, n-1))
+		r.User = big
+		if err := j.Begin(r); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no spare segment was made")
+		if j.current() != first {
+			return n
 		}
-		time.Sleep(time.Millisecond)
 	}
+}
+
+// current is j's current segment.
+func (j *Journal) current() *segment {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.cur
 }
 
 // A row begun and never made durable comes back at the next start, with
@@ -178,30 +200,21 @@ func testSegmentsAreDeletedWhenDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	big := strings.Repeat("x", 150) // the row's User column is 320 characters at most
-	j.mu.Lock()
-	first := j.cur.n
-	j.mu.Unlock()
-	n := 0
-	for current := first; current < first+2; n++ { // until the third segment is begun
-		r := row(fmt.Sprintf("id-%d", n))
-		r.User = big
-		if err := j.Begin(r); err != nil {
-			t.Fatal(err)
-		}
-		j.mu.Lock()
-		current = j.cur.n
-		j.mu.Unlock()
-	}
+	// Rows until the third segment is begun.
+	n := fill(t, j, "a")
+	m := fill(t, j, "b")
 	// Everything but the very first row is durable: the first segment
 	// stays for it, the second goes; the current one and the spare made
 	// ahead are there.
 	for i := 1; i < n; i++ {
-		j.Durable(fmt.Sprintf("id-%d", i))
+		j.Durable(fmt.Sprintf("a-%d", i))
+	}
+	for i := range m {
+		j.Durable(fmt.Sprintf("b-%d", i))
 	}
 	waitSpare(t, j)
 	waitSegments(t, dir, 3)
-	j.Durable("id-0")
+	j.Durable("a-0")
 	waitSegments(t, dir, 2)
 }
 
@@ -217,32 +230,13 @@ func testRotationTakesTheSpare(t *testing.T) {
 	}
 	defer j.Close()
 	waitSpare(t, j)
-	j.mu.Lock()
-	first, spare := j.cur, j.spare
-	j.mu.Unlock()
-	big := strings.Repeat("x", 150)
-	for i := 0; ; i++ {
-		r := row(fmt.Sprintf("id-%d", i))
-		r.User = big
-		if err := j.Begin(r); err != nil {
-			t.Fatal(err)
-		}
-		j.mu.Lock()
-		cur := j.cur
-		j.mu.Unlock()
-		if cur == first {
-			continue
-		}
-		if cur != spare {
-			t.Fatalf("rotated to %s, not to the spare %s", cur.path, spare.path)
-		}
-		break
+	spare := held(j, func() *segment { return j.spare })
+	fill(t, j, "id")
+	if cur := j.current(); cur != spare {
+		t.Fatalf("rotated to %s, not to the spare %s", cur.path, spare.path)
 	}
 	waitSpare(t, j)
-	j.mu.Lock()
-	next := j.spare
-	j.mu.Unlock()
-	if next == spare {
+	if held(j, func() *segment { return j.spare }) == spare {
 		t.Fatal("the spare taken is still the spare")
 	}
 }
@@ -256,36 +250,11 @@ func TestRetiredSegmentIsSynced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	j.mu.Lock()
-	first := j.cur
-	j.mu.Unlock()
-	big := strings.Repeat("x", 150)
-	for i := 0; ; i++ {
-		r := row(fmt.Sprintf("id-%d", i))
-		r.User = big
-		if err := j.Begin(r); err != nil {
-			t.Fatal(err)
-		}
-		j.mu.Lock()
-		rotated := j.cur != first
-		j.mu.Unlock()
-		if rotated {
-			break
-		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		j.mu.Lock()
-		synced, size := first.synced, first.size
-		j.mu.Unlock()
-		if synced == size {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the retired segment: %d of %d bytes synced", synced, size)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	first := j.current()
+	fill(t, j, "id")
+	eventually(t, "the retired segment synced", func() bool {
+		return held(j, func() bool { return first.synced == first.size })
+	})
 }
 
 // A record torn by a crash (a partial last line) and garbage lines are

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -115,19 +114,11 @@ func TestBeginTakesNoPageFault(t *testing.T) {
 // window past its last record.
 func waitPrefaulted(t *testing.T, j *Journal) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		j.mu.Lock()
-		done := j.cur.ready >= min(j.cur.size+j.window, int64(len(j.cur.mem))) && !j.cur.busy
-		j.mu.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the segment was not prefaulted within 5 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(t, "the segment prefaulted", func() bool {
+		return held(j, func() bool {
+			return j.cur.ready >= min(j.cur.size+j.window, int64(len(j.cur.mem))) && !j.cur.busy
+		})
+	})
 }
 
 // threadFaults is the calling thread's count of minor page faults.
