@@ -429,18 +429,13 @@ func (j *Journal) tidyUp() {
 	for i, s := range retired {
 		s.synced = sizes[i]
 	}
-	j.mu.Unlock()
-	if spare == nil {
-		return
+	if spare != nil && !j.closed && j.spare == nil {
+		j.spare, spare = spare, nil
 	}
-	j.mu.Lock()
-	if j.closed || j.spare != nil {
-		j.mu.Unlock()
+	j.mu.Unlock()
+	if spare != nil { // closed meanwhile
 		j.remove(spare)
-		return
 	}
-	j.spare = spare
-	j.mu.Unlock()
 }
 
 // Begin appends row. When it returns nil, a crash of the process can no

@@ -80,7 +80,7 @@ func crash(t *testing.T, j *Journal) {
 // segment, and returns how many it began.
 func fill(t *testing.T, j *Journal, prefix string) int {
 	t.Helper()
-	first := j.current()
+	first := held(j, func() *segment { return j.cur })
 	big := strings.Repeat("x", 150) // the row's User column is 320 characters at most
 	for n := 1; ; n++ {
 		r := row(fmt.Sprintf("%s-%d", prefix, n-1))
@@ -88,17 +88,10 @@ func fill(t *testing.T, j *Journal, prefix string) int {
 		if err := j.Begin(r); err != nil {
 			t.Fatal(err)
 		}
-		if j.current() != first {
+		if held(j, func() *segment { return j.cur }) != first {
 			return n
 		}
 	}
-}
-
-// current is j's current segment.
-func (j *Journal) current() *segment {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.cur
 }
 
 // A row begun and never made durable comes back at the next start, with
@@ -232,7 +225,7 @@ func testRotationTakesTheSpare(t *testing.T) {
 	waitSpare(t, j)
 	spare := held(j, func() *segment { return j.spare })
 	fill(t, j, "id")
-	if cur := j.current(); cur != spare {
+	if cur := held(j, func() *segment { return j.cur }); cur != spare {
 		t.Fatalf("rotated to %s, not to the spare %s", cur.path, spare.path)
 	}
 	waitSpare(t, j)
@@ -250,7 +243,7 @@ func TestRetiredSegmentIsSynced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	first := j.current()
+	first := held(j, func() *segment { return j.cur })
 	fill(t, j, "id")
 	eventually(t, "the retired segment synced", func() bool {
 		return held(j, func() bool { return first.synced == first.size })

@@ -142,9 +142,10 @@ func endLend() bool {
 // goroutine in a system call keeps its P until the call returns or the
 // runtime's monitor hands the P on, up to 10 ms later (it wakes that
 // seldom in a busy gateway, package sysmon); on one core with one P every
-// request waits that long (BENCHMARKS.md §31). Not for nesting: each call
-// lends its own P, and changing GOMAXPROCS stops the world (~0.1 ms), so
-// it is for calls of a millisecond or more, not for every write.
+// request waits that long (BENCHMARKS.md §31). Calls share nothing: each,
+// nested or concurrent, lends its own P; and changing GOMAXPROCS stops the
+// world (~0.1 ms), so it is for calls of a millisecond or more, not for
+// every write.
 func Blocking(fn func()) {
 	mu.Lock()
 	lend := canLend()
