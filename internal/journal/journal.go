@@ -75,6 +75,10 @@ var mapSegments, prefaultSegments = true, true
 // asks for more when half of it is used. A variable for tests, read by Open.
 var prefaultAhead int64 = 64 << 10
 
+// syncFile writes a segment to disk; a test wraps it to see the process as
+// each sync runs.
+var syncFile = (*os.File).Sync
+
 // ErrLocked is returned by Open when another process holds the journal of
 // the same replica id.
 var ErrLocked = errors.New("journal: in use by another process with the same replica id")
@@ -404,7 +408,7 @@ func (j *Journal) tidyUp() {
 		// A segment released since it was retired is still open until
 		// removed below.
 		for _, s := range retired {
-			_ = s.f.Sync()
+			_ = syncFile(s.f)
 		}
 		for _, s := range dead {
 			j.remove(s)
@@ -683,7 +687,7 @@ func (j *Journal) sync() {
 	// idle journal stays clean, and its next Begin asks).
 	// An fsync blocks its thread for milliseconds and keeps its P: on a
 	// one-core gateway the requests would wait for it (spareproc.Blocking).
-	spareproc.Blocking(func() { _ = s.f.Sync() })
+	spareproc.Blocking(func() { _ = syncFile(s.f) })
 	j.mu.Lock()
 	s.ready = min(s.ready, s.size&^int64(pageSize-1))
 	j.mu.Unlock()
@@ -716,7 +720,7 @@ func (j *Journal) Close() error {
 	}
 	var first error
 	for _, s := range j.segs {
-		if err := s.f.Sync(); err != nil && first == nil {
+		if err := syncFile(s.f); err != nil && first == nil {
 			first = err
 		}
 		s.unmap()

@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"moonji/internal/spareproc"
+	"moonji/internal/testcpu"
 	"moonji/models"
 )
 
@@ -348,4 +353,51 @@ func TestManyDurableIDsAreRead(t *testing.T) {
 			t.Errorf("%d leftovers (%.60s…), want only %s", len(left), ids(left), all[2999])
 		}
 	})
+}
+
+// TestSyncsHaveAPOfTheirOwn: in a process confined to one CPU, every fsync
+// of a running journal — the once-a-second sync of the current segment and
+// that of a segment rotated out with rows open — runs while the process
+// has a P lent for it (spareproc.Blocking). An fsync keeps its P until it
+// returns or the runtime hands the P on, up to 10 ms later; with one P,
+// every request would wait that long (BENCHMARKS.md §31).
+func TestSyncsHaveAPOfTheirOwn(t *testing.T) {
+	if !testcpu.OnOne(t) {
+		return
+	}
+	spareproc.Enable()
+	var mu sync.Mutex
+	var procs []int
+	syncFile = func(f *os.File) error {
+		mu.Lock()
+		procs = append(procs, runtime.GOMAXPROCS(0))
+		mu.Unlock()
+		return f.Sync()
+	}
+	defer func() { syncFile = (*os.File).Sync }()
+	synced := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(procs)
+	}
+	dir := t.TempDir()
+	j, _, err := Open(dir, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := held(j, func() *segment { return j.cur })
+	fill(t, j, "id") // the first segment is retired with its rows open
+	eventually(t, "the retired segment synced", func() bool {
+		return held(j, func() bool { return first.synced == first.size })
+	})
+	eventually(t, "the current segment synced", func() bool { return len(synced()) >= 2 })
+	got := synced() // before Close, whose syncs end the process's work
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range got {
+		if n < 2 {
+			t.Fatalf("sync %d of %d ran with GOMAXPROCS %d: %v", i+1, len(got), n, got)
+		}
+	}
 }
