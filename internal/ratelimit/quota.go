@@ -26,8 +26,22 @@ import (
 //     sends one request now and then takes one at a time;
 //   - what is left of it runFor after it was taken goes back to Redis
 //     (a refund, as for tokens: Reservation.refund);
-//   - only one run per key is taken at a time; requests that arrive
-//     meanwhile each ask Redis for themselves.
+//   - only one run per key is taken at a time.
+//
+// A busy key never has more than that one call to Redis in flight. Its next
+// run is taken ahead, in the background, once half of the current one is
+// handed out, and what it brings joins what is left; a request that finds
+// the run used up while a take is in flight waits for that take instead of
+// asking Redis for itself. So a key that keeps sending finds a run nearly
+// every time. Before, a take sat on a request's path when the last run ran
+// out, and every request that came during its round trip asked Redis too:
+// on a busy gateway whose core Redis or the database shares, one slow round
+// trip became a queue for the client's connections that grew as fast as
+// requests came, and stalled every request for up to a second at
+// 4,000–5,000 req/s (BENCHMARKS.md §32). What is left of a run when the
+// next one joins it is used up to runFor after that one was taken: a
+// replica may hold what it took up to twice runFor, never more than its
+// key's limit admitted.
 //
 // The x-ratelimit-remaining header of a request served from a run counts
 // what Redis had left when the run was taken plus what is left of the run.
@@ -59,13 +73,15 @@ type runShard struct {
 
 // keyRun is one key's run, and its recent demand.
 type keyRun struct {
-	rate      int       // the limit the run was taken under
-	left      int       // requests of the run still to hand out
-	remaining int       // the shared bucket's Remaining right after the take
-	resetAt   time.Time // when the shared bucket is whole again, as of the take
-	expires   time.Time // when what is left goes back
-	gen       uint64    // tells a run's expiry timer whether its run is still current
-	taking    bool      // a take for this key is in flight
+	rate      int           // the limit the run was taken under
+	left      int           // requests of the run still to hand out
+	size      int           // how many the last take brought
+	remaining int           // the shared bucket's Remaining right after the take
+	resetAt   time.Time     // when the shared bucket is whole again, as of the take
+	expires   time.Time     // when what is left goes back
+	gen       uint64        // tells a run's expiry timer whether its run is still current
+	taking    bool          // a take for this key is in flight
+	done      chan struct{} // closed when that take is recorded (busy keys only)
 
 	// Demand: requests seen in the current runFor period and the one before.
 	period           time.Time
@@ -84,10 +100,15 @@ func (r *runs) shard(key string) *runShard {
 	return &r.shards[maphash.String(r.seed, key)%memShards]
 }
 
-// next serves one request of key from its run if it can. Otherwise it
-// returns how many requests the caller should take from Redis: 1, or a run
-// of n > 1, which the caller must then report with taken.
-func (r *runs) next(key string, rate int, now time.Time) (d Decision, served bool, n int) {
+// next serves one request of key from its run if it can; then n > 0 asks
+// the caller to take the next run of n ahead, in the background, and to
+// report it with takenAhead. Otherwise, when a take for the busy key is in
+// flight, it returns wait, closed once that take is recorded: the caller
+// waits, then calls next again with again set (the request is counted in
+// the key's demand once). Otherwise it returns how many requests the caller
+// should take from Redis for its own: 1, or a run of n > 1, which the
+// caller must then report with taken.
+func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision, served bool, n int, wait <-chan struct{}) {
 	sh := r.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -103,17 +124,43 @@ func (r *runs) next(key string, rate int, now time.Time) (d Decision, served boo
 	case age >= runFor:
 		k.period, k.before, k.inPeriod = now, k.inPeriod, 0
 	}
-	k.inPeriod++
-	if k.left > 0 && k.rate == rate && now.Before(k.expires) {
-		k.left--
-		return Decision{Allowed: true, Limit: rate, Remaining: k.remaining + k.left, ResetAfter: max(k.resetAt.Sub(now), 0)}, true, 0
+	if !again {
+		k.inPeriod++
 	}
 	n = min(max(k.before, k.inPeriod), rate/runShare, maxRun)
-	if n <= 1 || k.taking {
-		return Decision{}, false, 1
+	if k.left > 0 && k.rate == rate && now.Before(k.expires) {
+		k.left--
+		d = Decision{Allowed: true, Limit: rate, Remaining: k.remaining + k.left, ResetAfter: max(k.resetAt.Sub(now), 0)}
+		if k.left > k.size/2 || n <= 1 || k.taking {
+			return d, true, 0, nil
+		}
+		k.startTake()
+		return d, true, n, nil
 	}
+	switch {
+	case k.taking && k.done != nil:
+		return Decision{}, false, 0, k.done
+	case n <= 1 || k.taking:
+		return Decision{}, false, 1, nil
+	}
+	k.startTake()
+	return Decision{}, false, n, nil
+}
+
+// startTake marks a take of a run in flight. Called with the shard locked.
+func (k *keyRun) startTake() {
 	k.taking = true
-	return Decision{}, false, n
+	k.done = make(chan struct{})
+}
+
+// endTake marks the take recorded and wakes the requests that waited for
+// it. Called with the shard locked.
+func (k *keyRun) endTake() {
+	k.taking = false
+	if k.done != nil {
+		close(k.done)
+		k.done = nil
+	}
 }
 
 // taken records the answer to a take of n requests that next asked for:
@@ -129,27 +176,57 @@ func (r *runs) taken(key string, rate int, res result, shared bool, now time.Tim
 		k = &keyRun{period: now}
 		sh.keys[key] = k
 	}
-	k.taking = false
+	k.endTake()
 	d := decision(res, rate)
 	if !shared || res.allowed <= 1 {
 		sh.mu.Unlock()
 		return d
 	}
+	r.startLocked(key, k, rate, res, res.allowed-1, false, now)
+	d.Remaining = res.remaining + res.allowed - 1
+	return d
+}
+
+// takenAhead records the answer to a take of the next run that next asked
+// for: what it admitted joins what is left of the current run. ok tells
+// that Redis answered.
+func (r *runs) takenAhead(key string, rate int, res result, ok bool, now time.Time) {
+	sh := r.shard(key)
+	sh.mu.Lock()
+	k := sh.keys[key]
+	if k == nil {
+		k = &keyRun{period: now}
+		sh.keys[key] = k
+	}
+	k.endTake()
+	if !ok || res.allowed == 0 {
+		sh.mu.Unlock()
+		return
+	}
+	r.startLocked(key, k, rate, res, res.allowed, true, now)
+}
+
+// startLocked makes n requests admitted by res key's run, runFor from now,
+// with what is left of the current run when join is true and it is still
+// good, and unlocks the shard. What is left of a run it replaces (its
+// limit changed, or it ended and its timer has not run yet) goes back now;
+// the timer finds a newer run and does nothing.
+func (r *runs) startLocked(key string, k *keyRun, rate int, res result, n int, join bool, now time.Time) {
+	sh := r.shard(key)
 	oldLeft, oldRate := k.left, k.rate
+	if join && k.rate == rate && now.Before(k.expires) {
+		n += k.left
+		oldLeft = 0
+	}
 	k.gen++
-	k.rate, k.left, k.remaining = rate, res.allowed-1, res.remaining
+	k.rate, k.left, k.size, k.remaining = rate, n, res.allowed, res.remaining
 	k.resetAt, k.expires = now.Add(res.resetAfter), now.Add(runFor)
 	gen := k.gen
 	sh.mu.Unlock()
 	if oldLeft > 0 {
-		// What is left of the run this one replaces (its limit changed,
-		// or it ended and its timer has not run yet) goes back now; the
-		// timer finds a newer run and does nothing.
 		r.giveBack(key, oldRate, oldLeft)
 	}
 	time.AfterFunc(runFor, func() { r.expire(key, gen) })
-	d.Remaining = res.remaining + res.allowed - 1
-	return d
 }
 
 // expire gives back what is left of key's run gen, if it is still current.

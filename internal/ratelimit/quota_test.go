@@ -13,14 +13,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// commandCounter counts the commands a client sends.
-type commandCounter struct{ n atomic.Int64 }
+// commandCounter counts the commands a client sends, and apart those sent
+// with a context marked onPath (a request's own). While a gate is set,
+// commands wait for it to close (held counts them): a Redis that is slow
+// to answer.
+type commandCounter struct {
+	n, onPath, held atomic.Int64
+	gate            atomic.Pointer[chan struct{}]
+}
+
+// onPath marks a request's context, to tell the commands sent on its path.
+type onPath struct{}
 
 func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.n.Add(1)
+		if ctx.Value(onPath{}) != nil {
+			c.onPath.Add(1)
+		}
+		if g := c.gate.Load(); g != nil {
+			c.held.Add(1)
+			<-*g
+		}
 		return next(ctx, cmd)
 	}
 }
@@ -82,6 +98,82 @@ func TestBusyKeyTakesRuns(t *testing.T) {
 		if n := count.n.Load(); n > 100 {
 			t.Fatalf("1000 requests of a busy key sent %d commands to Redis; runs should make it a few dozen", n)
 		}
+	})
+}
+
+// TestBusyKeyTakesTheNextRunAhead: once a key sending steadily has runs,
+// each next run is taken in the background while the current one lasts,
+// so none of its requests asks Redis on its own path.
+func TestBusyKeyTakesTheNextRunAhead(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 1_000_000}
+		ctx := context.WithValue(context.Background(), onPath{}, true)
+		allow := func(i int) {
+			t.Helper()
+			d, err := l.AllowRequest(ctx, "steady", lim)
+			if err != nil || !d.Allowed || d.Remaining <= 0 {
+				t.Fatalf("request %d: %+v, %v", i, d, err)
+			}
+		}
+		for i := range 200 { // runs grow to the key's demand
+			allow(i)
+		}
+		before, all := count.onPath.Load(), count.n.Load()
+		for i := range 300 {
+			allow(i)
+			// A request a millisecond: a take ahead has the 32 requests of
+			// half a run, ~32 ms, to come back.
+			time.Sleep(time.Millisecond)
+		}
+		if n := count.onPath.Load() - before; n != 0 {
+			t.Errorf("%d of 300 requests of a steady key asked Redis on their own path", n)
+		}
+		if n := count.n.Load() - all; n < 300/maxRun {
+			t.Errorf("300 requests sent %d commands: fewer than a run of %d each", n, maxRun)
+		}
+	})
+}
+
+// TestRequestsWaitForTheTakeInFlight: while Redis is slow to answer a
+// busy key's take, its requests that find the run used up wait for that
+// take instead of each sending a command of its own, and are served from
+// what it brings.
+func TestRequestsWaitForTheTakeInFlight(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 1_000_000}
+		for range 200 { // runs grow to the key's demand
+			mustAllow(t, l, "busy", lim)
+		}
+		gate := make(chan struct{})
+		count.gate.Store(&gate)
+		const burst = 100 // more than what is left of a run of maxRun
+		var wg sync.WaitGroup
+		var served atomic.Int64
+		for range burst {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := l.AllowRequest(context.Background(), "busy", lim)
+				if err != nil || !d.Allowed {
+					t.Errorf("%+v, %v", d, err)
+				}
+				served.Add(1)
+			}()
+		}
+		// Time for what is left of the run to be handed out, and for any
+		// request that would send a command of its own to send it.
+		time.Sleep(100 * time.Millisecond)
+		if n := count.held.Load(); n != 1 {
+			t.Errorf("%d commands sent while Redis was slow to answer; want the one take", n)
+		}
+		if n := served.Load(); n == burst {
+			t.Fatal("every request was served from the run: none waited, the test proves nothing")
+		}
+		count.gate.Store(nil)
+		close(gate)
+		wg.Wait()
 	})
 }
 

@@ -96,8 +96,10 @@ type Limiter struct {
 	runs         *runs // busy keys' runs of requests (quota.go); nil without Redis
 	now          func() time.Time
 	degraded     atomic.Bool
-	mu           sync.Mutex // guards closedFlag against a probe starting during Close
+	mu           sync.Mutex // guards closedFlag and closing against a probe or a take ahead starting during Close
 	closedFlag   bool
+	closing      bool           // Close began: no run is taken ahead any more
+	aheads       sync.WaitGroup // runs being taken ahead
 	probeRunning sync.WaitGroup
 	closed       chan struct{}
 }
@@ -146,7 +148,14 @@ func New(o Options) *Limiter {
 // background probe, if one is running. It does not close the Redis client,
 // which belongs to the caller.
 func (l *Limiter) Close() {
-	if l.runs != nil && !l.isClosed() {
+	l.mu.Lock()
+	first := !l.closing
+	l.closing = true
+	l.mu.Unlock()
+	// A run being taken ahead joins its key's run before what is left of
+	// the runs goes back.
+	l.aheads.Wait()
+	if l.runs != nil && first {
 		l.runs.giveBackAll()
 	}
 	l.mu.Lock()
@@ -177,14 +186,25 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 	}
 	k := l.prefix + "req:" + key
 	n := 1
-	if l.runs != nil && !l.degraded.Load() {
+	for again := false; l.runs != nil && !l.degraded.Load(); again = true {
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err
 		}
-		var d Decision
-		var served bool
-		if d, served, n = l.runs.next(k, lim.RequestsPerMinute, l.now()); served {
+		d, served, take, wait := l.runs.next(k, lim.RequestsPerMinute, again, l.now())
+		if served {
+			if take > 0 {
+				l.takeAhead(k, lim.RequestsPerMinute, take)
+			}
 			return d, nil
+		}
+		if wait == nil {
+			n = take
+			break
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return Decision{}, ctx.Err()
 		}
 	}
 	res, st, rate, err := l.run(ctx, lim.RequestsPerMinute, func(ctx context.Context, s store, rate int) (result, error) {
@@ -201,6 +221,34 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 		return Decision{}, err
 	}
 	return decision(res, rate), nil
+}
+
+// takeAhead takes key's next run of n requests from Redis on a goroutine
+// of its own, while the current run lasts (quota.go).
+func (l *Limiter) takeAhead(key string, rate, n int) {
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		l.runs.takenAhead(key, rate, result{}, false, l.now())
+		return
+	}
+	l.aheads.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.aheads.Done()
+		var res result
+		ok := false
+		if !l.degraded.Load() {
+			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+			var err error
+			res, err = l.shared.allowAtMost(ctx, key, rate, n)
+			cancel()
+			if ok = err == nil; !ok {
+				l.markDegraded(err)
+			}
+		}
+		l.runs.takenAhead(key, rate, res, ok, l.now())
+	}()
 }
 
 // Reservation is an admitted estimate of a request's tokens, to be settled
