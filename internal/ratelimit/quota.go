@@ -75,7 +75,7 @@ type runShard struct {
 type keyRun struct {
 	rate      int           // the limit the run was taken under
 	left      int           // requests of the run still to hand out
-	size      int           // how many the last take brought
+	size      int           // how many the last take from Redis brought
 	remaining int           // the shared bucket's Remaining right after the take
 	resetAt   time.Time     // when the shared bucket is whole again, as of the take
 	expires   time.Time     // when what is left goes back
@@ -138,7 +138,9 @@ func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision
 		return d, true, n, nil
 	}
 	switch {
-	case k.taking && k.done != nil:
+	case k.taking && k.done != nil && k.size > 1:
+		// Not when the last take brought one request or none (the key is
+		// at its limit): its requests would be refused one after another.
 		return Decision{}, false, 0, k.done
 	case n <= 1 || k.taking:
 		return Decision{}, false, 1, nil
@@ -178,6 +180,9 @@ func (r *runs) taken(key string, rate int, res result, shared bool, now time.Tim
 	}
 	k.endTake()
 	d := decision(res, rate)
+	if shared {
+		k.size = res.allowed
+	}
 	if !shared || res.allowed <= 1 {
 		sh.mu.Unlock()
 		return d
@@ -199,6 +204,9 @@ func (r *runs) takenAhead(key string, rate int, res result, ok bool, now time.Ti
 		sh.keys[key] = k
 	}
 	k.endTake()
+	if ok {
+		k.size = res.allowed
+	}
 	if !ok || res.allowed == 0 {
 		sh.mu.Unlock()
 		return

@@ -177,6 +177,55 @@ func TestRequestsWaitForTheTakeInFlight(t *testing.T) {
 	})
 }
 
+// TestKeyAtItsLimitDoesNotQueueBehindATake: once a busy key's takes
+// bring one request or none (it is at its limit), its requests ask Redis
+// each for itself again, at once, rather than wait for one another's
+// refusals one round trip at a time.
+func TestKeyAtItsLimitDoesNotQueueBehindATake(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 6000} // runs of up to 60
+		refused := 0
+		for i := 0; refused < 10; i++ {
+			if i > 7000 {
+				t.Fatal("7,000 requests and the limit of 6,000 a minute not reached")
+			}
+			if !mustAllow(t, l, "full", lim).Allowed {
+				refused++
+			}
+		}
+		gate := make(chan struct{})
+		count.gate.Store(&gate)
+		const burst = 20
+		var wg sync.WaitGroup
+		for range burst {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := l.AllowRequest(context.Background(), "full", lim); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		eventually(t, "every request of the burst asking Redis", func() bool { return count.held.Load() == burst })
+		count.gate.Store(nil)
+		close(gate)
+		wg.Wait()
+	})
+}
+
+// eventually waits up to 5 s for ok to hold, what naming it.
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 5 s: %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestSmallLimitAsksEveryTime: a key allowed 100 requests a minute or
 // fewer never takes a run, so its count in Redis is exact at every request.
 func TestSmallLimitAsksEveryTime(t *testing.T) {
