@@ -207,23 +207,11 @@ func TestKeyAtItsLimitDoesNotQueueBehindATake(t *testing.T) {
 				}
 			}()
 		}
-		eventually(t, "every request of the burst asking Redis", func() bool { return count.held.Load() == burst })
+		waitUntil(t, "every request of the burst asking Redis", func() bool { return count.held.Load() == burst })
 		count.gate.Store(nil)
 		close(gate)
 		wg.Wait()
 	})
-}
-
-// eventually waits up to 5 s for ok to hold, what naming it.
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5 s: %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestSmallLimitAsksEveryTime: a key allowed 100 requests a minute or
