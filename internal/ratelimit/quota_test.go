@@ -146,34 +146,23 @@ func TestRequestsWaitForTheTakeInFlight(t *testing.T) {
 		for range 200 { // runs grow to the key's demand
 			mustAllow(t, l, "busy", lim)
 		}
-		gate := make(chan struct{})
-		count.gate.Store(&gate)
-		const burst = 100 // more than what is left of a run of maxRun
-		var wg sync.WaitGroup
-		var served atomic.Int64
-		for range burst {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d, err := l.AllowRequest(context.Background(), "busy", lim)
-				if err != nil || !d.Allowed {
-					t.Errorf("%+v, %v", d, err)
-				}
-				served.Add(1)
-			}()
-		}
+		release := holdRedis(t, count)
+		const n = 100 // more than what is left of a run of maxRun
+		b := sendBurst(t, l, "busy", lim, n)
 		// Time for what is left of the run to be handed out, and for any
 		// request that would send a command of its own to send it.
 		time.Sleep(100 * time.Millisecond)
-		if n := count.held.Load(); n != 1 {
-			t.Errorf("%d commands sent while Redis was slow to answer; want the one take", n)
+		if held := count.held.Load(); held != 1 {
+			t.Errorf("%d commands sent while Redis was slow to answer; want the one take", held)
 		}
-		if n := served.Load(); n == burst {
+		if b.served.Load() == n {
 			t.Fatal("every request was served from the run: none waited, the test proves nothing")
 		}
-		count.gate.Store(nil)
-		close(gate)
-		wg.Wait()
+		release()
+		b.wg.Wait()
+		if got := b.allowed.Load(); got != n {
+			t.Errorf("%d of %d requests allowed, all within the limit", got, n)
+		}
 	})
 }
 
@@ -194,24 +183,55 @@ func TestKeyAtItsLimitDoesNotQueueBehindATake(t *testing.T) {
 				refused++
 			}
 		}
-		gate := make(chan struct{})
-		count.gate.Store(&gate)
-		const burst = 20
-		var wg sync.WaitGroup
-		for range burst {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := l.AllowRequest(context.Background(), "full", lim); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		waitUntil(t, "every request of the burst asking Redis", func() bool { return count.held.Load() == burst })
-		count.gate.Store(nil)
-		close(gate)
-		wg.Wait()
+		release := holdRedis(t, count)
+		const n = 20
+		b := sendBurst(t, l, "full", lim, n)
+		waitUntil(t, "every request of the burst asking Redis", func() bool { return count.held.Load() == n })
+		release()
+		b.wg.Wait()
 	})
+}
+
+// holdRedis makes the commands count's client sends wait until release
+// is called, or the test ends: a Redis slow to answer.
+func holdRedis(t *testing.T, count *commandCounter) (release func()) {
+	gate := make(chan struct{})
+	count.gate.Store(&gate)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			count.gate.Store(nil)
+			close(gate)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// burst is n requests sent at once, each on a goroutine of its own.
+type burst struct {
+	wg              sync.WaitGroup
+	served, allowed atomic.Int64
+}
+
+// sendBurst sends a burst of n requests of key through l.
+func sendBurst(t *testing.T, l *Limiter, key string, lim Limit, n int) *burst {
+	b := &burst{}
+	for range n {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			d, err := l.AllowRequest(context.Background(), key, lim)
+			if err != nil {
+				t.Error(err)
+			}
+			if d.Allowed {
+				b.allowed.Add(1)
+			}
+			b.served.Add(1)
+		}()
+	}
+	return b
 }
 
 // TestSmallLimitAsksEveryTime: a key allowed 100 requests a minute or
