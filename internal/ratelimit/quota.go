@@ -80,8 +80,7 @@ type keyRun struct {
 	resetAt   time.Time     // when the shared bucket is whole again, as of the take
 	expires   time.Time     // when what is left goes back
 	gen       uint64        // tells a run's expiry timer whether its run is still current
-	taking    bool          // a take for this key is in flight
-	done      chan struct{} // closed when that take is recorded (busy keys only)
+	taking    chan struct{} // while a take for this key is in flight; closed when it is recorded
 
 	// Demand: requests seen in the current runFor period and the one before.
 	period           time.Time
@@ -131,18 +130,18 @@ func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision
 	if k.left > 0 && k.rate == rate && now.Before(k.expires) {
 		k.left--
 		d = Decision{Allowed: true, Limit: rate, Remaining: k.remaining + k.left, ResetAfter: max(k.resetAt.Sub(now), 0)}
-		if k.left > k.size/2 || n <= 1 || k.taking {
+		if k.left > k.size/2 || n <= 1 || k.taking != nil {
 			return d, true, 0, nil
 		}
 		k.startTake()
 		return d, true, n, nil
 	}
 	switch {
-	case k.taking && k.done != nil && k.size > 1:
+	case k.taking != nil && k.size > 1:
 		// Not when the last take brought one request or none (the key is
 		// at its limit): its requests would be refused one after another.
-		return Decision{}, false, 0, k.done
-	case n <= 1 || k.taking:
+		return Decision{}, false, 0, k.taking
+	case n <= 1 || k.taking != nil:
 		return Decision{}, false, 1, nil
 	}
 	k.startTake()
@@ -151,17 +150,15 @@ func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision
 
 // startTake marks a take of a run in flight. Called with the shard locked.
 func (k *keyRun) startTake() {
-	k.taking = true
-	k.done = make(chan struct{})
+	k.taking = make(chan struct{})
 }
 
 // endTake marks the take recorded and wakes the requests that waited for
 // it. Called with the shard locked.
 func (k *keyRun) endTake() {
-	k.taking = false
-	if k.done != nil {
-		close(k.done)
-		k.done = nil
+	if k.taking != nil {
+		close(k.taking)
+		k.taking = nil
 	}
 }
 
@@ -283,7 +280,7 @@ func (sh *runShard) sweepLocked(now time.Time) {
 	}
 	sh.lastSweep = now
 	for key, k := range sh.keys {
-		if k.left == 0 && !k.taking && now.Sub(k.period) > sweepEvery {
+		if k.left == 0 && k.taking == nil && now.Sub(k.period) > sweepEvery {
 			delete(sh.keys, key)
 		}
 	}
