@@ -367,10 +367,13 @@ func (j *Journal) release(s *segment) {
 func (j *Journal) remove(s *segment) {
 	s.unmap()
 	_ = s.f.Close()
-	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := removeFile(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		j.log.Warn("journal: remove a finished segment", "path", s.path, "err", err)
 	}
 }
+
+// removeFile deletes a finished segment's file; tests count the calls.
+var removeFile = os.Remove
 
 // askTidy asks the journal's goroutine to let go of the released segments
 // and make a spare one. Called with j.mu held.
@@ -539,7 +542,7 @@ func (j *Journal) Durable(ids ...string) {
 	if j.closed {
 		return
 	}
-	var touched []*segment
+	var emptied []*segment // segments whose last open row this call made durable
 	buf := append(j.buf[:0], 'D')
 	flush := func() bool {
 		if len(buf) == 1 {
@@ -576,7 +579,11 @@ func (j *Journal) Durable(ids ...string) {
 		}
 		delete(j.where, id)
 		s.open--
-		touched = append(touched, s)
+		if s.open == 0 {
+			// Once per segment: released twice, it would be removed
+			// twice (a close and two unlinks for nothing, per row).
+			emptied = append(emptied, s)
+		}
 		buf = append(append(buf, ' '), id...)
 		inRecord++
 	}
@@ -585,7 +592,7 @@ func (j *Journal) Durable(ids ...string) {
 	if !ok {
 		return
 	}
-	for _, s := range touched {
+	for _, s := range emptied {
 		j.release(s)
 	}
 }

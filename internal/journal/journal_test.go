@@ -401,3 +401,46 @@ func TestSyncsHaveAPOfTheirOwn(t *testing.T) {
 		}
 	}
 }
+
+// A segment whose rows all become durable in one call is removed once:
+// its file is deleted by one call, not by one per row.
+func TestEmptiedSegmentIsRemovedOnce(t *testing.T) { eachWay(t, testEmptiedSegmentIsRemovedOnce) }
+
+func testEmptiedSegmentIsRemovedOnce(t *testing.T) {
+	var mu sync.Mutex
+	removed := map[string]int{}
+	removeFile = func(path string) error {
+		mu.Lock()
+		removed[path]++
+		mu.Unlock()
+		return os.Remove(path)
+	}
+	defer func() { removeFile = os.Remove }()
+	dir := t.TempDir()
+	j, _, err := Open(dir, "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	first := held(j, func() *segment { return j.cur }).path
+	n := fill(t, j, "a")
+	all := make([]string, n)
+	for i := range all {
+		all[i] = fmt.Sprintf("a-%d", i)
+	}
+	j.Durable(all[:n-1]...) // the last one began in the next segment
+	eventually(t, "the first segment removed", func() bool {
+		_, err := os.Stat(first)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	// Close waits for the journal's goroutine, and removes what it had
+	// left to remove: the count is final.
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if removed[first] != 1 {
+		t.Fatalf("the emptied segment was removed %d times, want 1 (%d rows made durable in one call)", removed[first], n-1)
+	}
+}
