@@ -98,6 +98,7 @@ func (t *transport) target(base string) (*target, error) {
 // engineConn is one connection to an engine.
 type engineConn struct {
 	net.Conn
+	ar     *answerReader // sends a request, then reads its answer
 	br     *bufio.Reader
 	lim    limitedReader
 	key    string
@@ -165,8 +166,8 @@ func (t *transport) roundTrip(ctx context.Context, tg *target, method string, he
 
 // exchange writes the request and reads the answer's status and headers.
 func (ec *engineConn) exchange(method string, header, body []byte) (*http.Response, error) {
-	bufs := net.Buffers{header, body}
-	if _, err := bufs.WriteTo(ec.Conn); err != nil {
+	// Written by the first read of the answer (answerReader).
+	if err := ec.ar.send(header, body); err != nil {
 		return nil, err
 	}
 	ec.lim.n = maxResponseHeader
@@ -226,8 +227,8 @@ func (t *transport) dial(ctx context.Context, tg *target) (*engineConn, error) {
 		}
 		c = tc
 	}
-	ec := &engineConn{Conn: c, key: tg.key}
-	ec.lim = limitedReader{r: c, n: -1}
+	ec := &engineConn{Conn: c, key: tg.key, ar: newAnswerReader(c)}
+	ec.lim = limitedReader{r: ec.ar, n: -1}
 	ec.br = bufio.NewReaderSize(&ec.lim, connReadBuffer)
 	return ec, nil
 }
