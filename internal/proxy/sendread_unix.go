@@ -8,8 +8,7 @@ import (
 	"net"
 	"os"
 	"syscall"
-
-	"golang.org/x/sys/unix"
+	"unsafe"
 )
 
 // answerReader is what an engine connection's buffered reader reads from.
@@ -26,7 +25,17 @@ import (
 type answerReader struct {
 	conn net.Conn
 	rc   syscall.RawConn // nil: the connection has no descriptor (TLS)
-	out  [][]byte        // the request, until the next Read writes it
+	out  [][]byte        // what is left of the request, until a Read writes it
+	bufs [2][]byte       // out's backing: a request allocates nothing
+
+	// One Read through rc: its call back (readable, a method value made
+	// once) and the state it leaves, kept here rather than in a closure's
+	// variables, which would each be allocated per request.
+	readable     func(fd uintptr) bool
+	p            []byte
+	n            int
+	werr, rerr   error
+	sent, halted bool
 }
 
 // sysRead is read(2) for the answer's first bytes; tests count the calls.
@@ -34,6 +43,7 @@ var sysRead = syscall.Read
 
 func newAnswerReader(c net.Conn) *answerReader {
 	r := &answerReader{conn: c}
+	r.readable = r.onReadable
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			r.rc = rc
@@ -50,9 +60,10 @@ func (r *answerReader) send(header, body []byte) error {
 		_, err := bufs.WriteTo(r.conn)
 		return err
 	}
-	r.out = append(r.out[:0], header)
+	r.bufs = [2][]byte{header, body}
+	r.out = r.bufs[:1]
 	if len(body) > 0 {
-		r.out = append(r.out, body)
+		r.out = r.bufs[:2]
 	}
 	return nil
 }
@@ -61,44 +72,26 @@ func (r *answerReader) Read(p []byte) (int, error) {
 	if len(r.out) == 0 {
 		return r.conn.Read(p)
 	}
-	var (
-		n            int
-		werr, rerr   error
-		sent, halted bool
-	)
-	err := r.rc.Read(func(fd uintptr) bool {
-		if !sent {
-			sent = true
-			if werr = r.write(int(fd)); werr != nil || len(r.out) > 0 {
-				halted = true // failed, or the socket is full: finished below
-				return true
-			}
-			return false // wait for the answer
-		}
-		for {
-			n, rerr = sysRead(int(fd), p)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		return rerr != syscall.EAGAIN
-	})
+	r.p, r.n, r.werr, r.rerr, r.sent, r.halted = p, 0, nil, nil, false, false
+	err := r.rc.Read(r.readable)
+	n, werr, rerr := r.n, r.werr, r.rerr
+	r.p, r.werr, r.rerr = nil, nil, nil
 	switch {
 	case werr != nil:
-		r.out = r.out[:0]
+		r.clear()
 		return 0, r.opError("write", os.NewSyscallError("writev", werr))
-	case halted:
+	case r.halted:
 		// The rest of the request goes the usual way, which waits for room
 		// in the socket and keeps the connection's write deadline.
-		bufs := net.Buffers(r.out)
-		r.out = r.out[:0]
+		bufs := append(net.Buffers(nil), r.out...) // a copy: out's backing is cleared
+		r.clear()
 		if _, err := bufs.WriteTo(r.conn); err != nil {
 			return 0, err
 		}
 		return r.conn.Read(p)
 	case err != nil:
 		// The wait ended: a deadline, or the connection closed under it.
-		r.out = r.out[:0]
+		r.clear()
 		return 0, r.opError("read", err)
 	case rerr != nil:
 		return 0, r.opError("read", os.NewSyscallError("read", rerr))
@@ -108,11 +101,37 @@ func (r *answerReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// onReadable is RawConn.Read's call back: the first call writes the
+// request and asks to wait; the next ones read, until a read finds bytes,
+// the end or an error.
+func (r *answerReader) onReadable(fd uintptr) bool {
+	if !r.sent {
+		r.sent = true
+		if r.werr = r.write(int(fd)); r.werr != nil || len(r.out) > 0 {
+			r.halted = true // failed, or the socket is full: finished by Read
+			return true
+		}
+		return false // wait for the answer
+	}
+	for {
+		r.n, r.rerr = sysRead(int(fd), r.p)
+		if r.rerr != syscall.EINTR {
+			break
+		}
+	}
+	return r.rerr != syscall.EAGAIN
+}
+
+// clear forgets the request (and lets go of its buffers).
+func (r *answerReader) clear() {
+	r.out, r.bufs = nil, [2][]byte{}
+}
+
 // write writes as much of r.out as the socket takes, leaving the rest (if
 // any) in r.out.
 func (r *answerReader) write(fd int) error {
 	for len(r.out) > 0 {
-		n, err := unix.Writev(fd, r.out)
+		n, err := writev(fd, r.out)
 		if err == syscall.EINTR {
 			continue
 		}
@@ -134,7 +153,31 @@ func (r *answerReader) write(fd int) error {
 			return nil // a short write: the socket is full
 		}
 	}
+	r.clear() // a kept connection holds no request's buffers
 	return nil
+}
+
+// writev is writev(2) of at most two buffers, its vector on the stack
+// (unix.Writev allocates one per call).
+func writev(fd int, bufs [][]byte) (int, error) {
+	var iov [2]syscall.Iovec
+	n := 0
+	for _, b := range bufs {
+		if len(b) == 0 || n == len(iov) {
+			continue
+		}
+		iov[n].Base = &b[0]
+		iov[n].SetLen(len(b))
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	w, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
+	if errno != 0 {
+		return int(w), errno
+	}
+	return int(w), nil
 }
 
 func (r *answerReader) opError(op string, err error) error {

@@ -123,3 +123,53 @@ func TestAnswerOfAnEngineThatHangsUp(t *testing.T) {
 		t.Fatalf("an engine that hangs up: %v after %v", err, time.Since(start))
 	}
 }
+
+// Sending a request and reading its answer allocates nothing: the request's
+// vector and the wait are on the stack.
+func TestAnswerReaderAllocatesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		buf := make([]byte, 4096)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				return
+			}
+			if _, err := conn.Write(answer); err != nil {
+				return
+			}
+		}
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := newAnswerReader(conn)
+	header, body := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n"), []byte("{}")
+	got := make([]byte, len(answer))
+	exchange := func() {
+		if err := r.send(header, body); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, answer) {
+			t.Fatalf("answer %q, %v", got, err)
+		}
+	}
+	exchange() // the connection's first use sets up its poll descriptor
+	if n := testing.AllocsPerRun(200, exchange); n != 0 {
+		t.Errorf("%.1f allocations a request, want 0", n)
+	}
+	if r.bufs[0] != nil || r.bufs[1] != nil {
+		t.Error("the reader keeps the last request's buffers")
+	}
+}
