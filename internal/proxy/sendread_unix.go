@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"errors"
 	"io"
 	"net"
 	"os"
@@ -90,9 +89,10 @@ func (r *answerReader) Read(p []byte) (int, error) {
 		}
 		return r.conn.Read(p)
 	case err != nil:
-		// The wait ended: a deadline, or the connection closed under it.
+		// The wait ended: a deadline, or the connection closed under it
+		// (net has already made it a *net.OpError).
 		r.clear()
-		return 0, r.opError("read", err)
+		return 0, err
 	case rerr != nil:
 		return 0, r.opError("read", os.NewSyscallError("read", rerr))
 	case n == 0:
@@ -180,9 +180,8 @@ func writev(fd int, bufs [][]byte) (int, error) {
 	return int(w), nil
 }
 
+// opError wraps a failed system call as the connection's own Read or
+// Write would have.
 func (r *answerReader) opError(op string, err error) error {
-	if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return err
-	}
 	return &net.OpError{Op: op, Net: "tcp", Source: r.conn.LocalAddr(), Addr: r.conn.RemoteAddr(), Err: err}
 }
