@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"moonji/internal/spareproc"
 	"moonji/models"
@@ -93,13 +92,13 @@ type Ledger struct {
 	written  chan stored
 	nCommits int
 	onWrite  func(rows int, took time.Duration, err error)
-	// The most rows one statement writes, and whether the writer pauses
-	// between the statements of a batch (SQLite: see sqliteStatementRows).
-	maxRows int
-	pauses  atomic.Bool
-	// sqlite: rows are written as JSON (sqlite.go), encoded into jsonBuf
-	// by whichever goroutine writes (one at a time).
-	sqlite  bool
+	// Whether the writer pauses between the statements of a batch
+	// (SQLite: see sqliteStatementRows).
+	pauses atomic.Bool
+	sqlite bool
+	// Rows are written as JSON (rowsjson.go), encoded into jsonBuf by
+	// whichever goroutine writes (one at a time).
+	rows    jsonRows
 	jsonBuf []byte
 	slow    slowCommits // a committer starved of CPU
 
@@ -120,9 +119,9 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 		log = slog.Default()
 	}
 	l := &Ledger{db: db, ops: make(chan *op, maxQueued), log: log, begun: map[string]bool{}, stopCkpt: make(chan struct{}),
-		running: map[string]*models.Usage{}, young: youngRows{byID: map[string]int{}}, scratch: newScratch(), maxRows: chunkSizes[0]}
+		running: map[string]*models.Usage{}, young: youngRows{byID: map[string]int{}}, scratch: newScratch(), rows: rowsFor(db.Dialector.Name())}
 	if db.Dialector.Name() == "sqlite" {
-		l.sqlite, l.maxRows = true, sqliteStatementRows
+		l.sqlite = true
 		l.pauses.Store(true)
 	}
 	l.commits, l.written = make(chan batchWrite), make(chan stored)
@@ -632,16 +631,13 @@ func (l *Ledger) committer() {
 }
 
 // A batch is written with a few statements whatever its size: one
-// multi-row INSERT per chunk of new rows (Begins, Records, and Begins whose
-// Finish is in the same batch, merged into their final row), and one
-// multi-row upsert per chunk of Finishes. Chunks have power-of-two sizes (at
-// most 9 statements for up to 511 rows of a kind), so that there are a few
-// distinct statement texts, not one per batch size (pgx caches prepared
-// statements by text; gorm's PrepareStmt is not used: the SQLite driver
-// re-prepares on every Exec anyway, and pgx already caches). A batch of one statement (the usual case at moderate load, where
-// rows arrive one at a time) runs without BEGIN/COMMIT around it; a larger
-// one is one transaction. If it fails, its rows are written one by one, so
-// that only a bad row is lost.
+// INSERT of new rows (Begins, Records, and Begins whose Finish is in the
+// same batch, merged into their final row) and one upsert of Finishes per
+// jsonRows.max rows, each bound as one JSON array (rowsjson.go). A batch
+// of one statement (the usual case at moderate load, where rows arrive one
+// at a time) runs without BEGIN/COMMIT around it; a larger one is one
+// transaction. If it fails, its rows are written one by one, so that only
+// a bad row is lost.
 //
 // A Finish must never create a row whose Begin failed: the failure may have
 // been a taken inference id (another request's row, whose final columns the
@@ -653,7 +649,6 @@ func (l *Ledger) committer() {
 // by another process — is a plain UPDATE, which never creates a row. A Begin
 // whose commit was reported as failed although it happened (a lost COMMIT
 // acknowledgement) is thus still finished by the UPDATE.
-var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 
 // SQLite runs inside this process, as Go code (modernc's translation of its
 // C) that the scheduler does not interrupt: a statement keeps its P until it
@@ -666,7 +661,7 @@ var chunkSizes = [...]int{256, 128, 64, 32, 16, 8, 4, 2, 1}
 // statement took, so that it takes at most half the core while requests
 // wait (4.2-4.5 ms against 19-21 ms with no pause; a yield or a short sleep
 // did not help: the woken writer went first again). A statement writes at
-// most sqliteStatementRows rows, bound as one JSON text (sqlite.go): ~60 µs
+// most sqliteStatementRows rows, bound as one JSON text (rowsjson.go): ~60 µs
 // of the process's CPU per row in all, against ~105 µs as 16-row INSERTs
 // with a parameter per column (BENCHMARKS.md §17; 32 rows a statement cost
 // the same as 64).
@@ -677,15 +672,6 @@ const sqliteStatementRows = 64
 // finalColumns are the columns a Finish sets on its pending row.
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
 	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend", "retried_from", "response_id"}
-
-// upsertFinal finishes rows that are still pending, never a final one: a
-// row another replica closed as gateway_restart (it found this replica's
-// heartbeat stale) keeps that outcome, as the rollup counted it.
-var upsertFinal = clause.OnConflict{
-	Columns:   []clause.Column{{Name: "inference_id"}},
-	DoUpdates: clause.AssignmentColumns(finalColumns),
-	Where:     clause.Where{Exprs: []clause.Expression{clause.Eq{Column: clause.Column{Table: "usages", Name: "outcome"}, Value: models.OutcomePending}}},
-}
 
 // errNotPending fails a batch in which a Finish found its row already
 // final: another replica closed it as gateway_restart, having found this
@@ -770,31 +756,13 @@ func (p *plan) onlyID() string {
 
 func (p *plan) rows() int { return len(p.inserts) + len(p.upserts) + len(p.updates) }
 
-// chunks is the number of statements that write n rows of a kind, at most
-// max rows each.
-func chunks(n, max int) int {
-	c := 0
-	for _, size := range chunkSizes {
-		if size > max {
-			continue
-		}
-		c += n / size
-		n %= size
-	}
-	return c
-}
-
-// pieces is the number of statements inPieces makes of n rows (SQLite).
+// pieces is the number of statements inPieces makes of n rows.
 func pieces(n, max int) int { return (n + max - 1) / max }
 
-// statements is the number of statements that write the plan: rows cut by
-// inPieces on SQLite (sqlite), by inChunks elsewhere.
-func (p *plan) statements(max int, sqlite bool) int {
-	count := chunks
-	if sqlite {
-		count = pieces
-	}
-	return count(len(p.inserts), max) + count(len(p.upserts), max) + len(p.updates)
+// statements is the number of statements that write the plan, at most
+// max rows each.
+func (p *plan) statements(max int) int {
+	return pieces(len(p.inserts), max) + pieces(len(p.upserts), max) + len(p.updates)
 }
 
 // write commits one batch, and the deferred Begins that have fallen due (all
@@ -988,7 +956,7 @@ func rowErr(err error, failed map[string]error, id string) error {
 // single statement (which is atomic by itself): a batch of pending rows
 // only, as a final row always comes with its rollup.
 func (l *Ledger) commit(p *plan) error {
-	if p.statements(l.maxRows, l.sqlite) <= 1 && !p.final() {
+	if p.statements(l.rows.max) <= 1 && !p.final() {
 		return l.exec(l.db, p)
 	}
 	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
@@ -1027,41 +995,24 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 		ran++
 		last = time.Now()
 	}
-	insert := func(rows []models.Usage) error {
+	insert := func(rows []models.Usage) (err error) {
 		step()
-		return tx.Create(&rows).Error
+		_, l.jsonBuf, err = l.rows.write(tx, l.rows.insert, rows, l.jsonBuf)
+		return err
 	}
 	upsert := func(rows []models.Usage) error {
 		step()
-		res := tx.Clauses(upsertFinal).Create(&rows)
-		if res.Error == nil && res.RowsAffected != int64(len(rows)) {
+		n, buf, err := l.rows.write(tx, l.rows.upsert, rows, l.jsonBuf)
+		l.jsonBuf = buf
+		if err == nil && n != int64(len(rows)) {
 			return errNotPending
 		}
-		return res.Error
+		return err
 	}
-	cut := inChunks
-	if l.sqlite {
-		// One statement per chunk whatever its size (sqlite.go).
-		cut = inPieces
-		insert = func(rows []models.Usage) (err error) {
-			step()
-			_, l.jsonBuf, err = sqliteWrite(tx, sqliteInsert, rows, l.jsonBuf)
-			return err
-		}
-		upsert = func(rows []models.Usage) error {
-			step()
-			n, buf, err := sqliteWrite(tx, sqliteUpsertFinish, rows, l.jsonBuf)
-			l.jsonBuf = buf
-			if err == nil && n != int64(len(rows)) {
-				return errNotPending
-			}
-			return err
-		}
-	}
-	if err := cut(p.inserts, l.maxRows, insert); err != nil {
+	if err := inPieces(p.inserts, l.rows.max, insert); err != nil {
 		return fmt.Errorf("insert %d usage rows: %w", len(p.inserts), err)
 	}
-	if err := cut(p.upserts, l.maxRows, upsert); err != nil {
+	if err := inPieces(p.upserts, l.rows.max, upsert); err != nil {
 		return fmt.Errorf("finish %d usage rows: %w", len(p.upserts), err)
 	}
 	for i := range p.updates {
@@ -1102,23 +1053,6 @@ func inPieces(rows []models.Usage, max int, fn func([]models.Usage) error) error
 			return err
 		}
 		rows = rows[n:]
-	}
-	return nil
-}
-
-// inChunks calls fn on rows cut into chunkSizes pieces of at most max
-// rows, largest first.
-func inChunks(rows []models.Usage, max int, fn func([]models.Usage) error) error {
-	for _, size := range chunkSizes {
-		if size > max {
-			continue
-		}
-		for len(rows) >= size {
-			if err := fn(rows[:size]); err != nil {
-				return err
-			}
-			rows = rows[size:]
-		}
 	}
 	return nil
 }
