@@ -33,7 +33,7 @@ func BenchmarkRecord(b *testing.B) {
 			defer func() { l.Close(); models.Close(db) }()
 			now := time.Now().UTC()
 			b.ReportAllocs()
-			cpu0, machine0 := processCPU(), machineCPU(b)
+			cpu0, machine0 := processCPU(), machineCPU()
 			i := 0
 			for b.Loop() {
 				r := models.Usage{InferenceID: fmt.Sprintf("inf_%026d", i), CreatedAt: now, Model: "m", Source: "api",
@@ -46,7 +46,7 @@ func BenchmarkRecord(b *testing.B) {
 			}
 			_ = l.Flush(context.Background())
 			b.ReportMetric(float64(processCPU()-cpu0)/float64(time.Microsecond)/float64(i), "cpu-µs/row")
-			b.ReportMetric(float64(machineCPU(b)-machine0)/float64(time.Microsecond)/float64(i), "machine-cpu-µs/row")
+			b.ReportMetric(float64(machineCPU()-machine0)/float64(time.Microsecond)/float64(i), "machine-cpu-µs/row")
 		})
 	}
 }
@@ -54,7 +54,7 @@ func BenchmarkRecord(b *testing.B) {
 // machineCPU is the CPU time every core of the machine has spent busy
 // (the first line of /proc/stat: user, nice, system, irq and softirq), or
 // 0 where there is no /proc/stat.
-func machineCPU(b *testing.B) time.Duration {
+func machineCPU() time.Duration {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0

@@ -31,7 +31,7 @@ import (
 // reflection, and pgx encoded a parameter per column: 32–37 µs of the
 // gateway's CPU and 49 allocations per row in BenchmarkRecord, against 17
 // µs and 4 this way; the machine's CPU per row, the server's included, 56–63
-// → 46–50 µs (BENCHMARKS.md §34). One statement text per kind of write
+// → 45–50 µs (BENCHMARKS.md §34). One statement text per kind of write
 // also means one prepared statement each in pgx's cache, whatever the
 // number of rows.
 //
@@ -42,7 +42,7 @@ import (
 // whole text into, which ->> reads as it is: ~62 → ~46 µs of CPU per row in
 // BenchmarkRecord, and the SQL values are the same (TestJSONRows*).
 // PostgreSQL likewise parses a json element again for each ->>: its machine
-// CPU per row was 105–119 µs with json against 46–50 with jsonb.
+// CPU per row was 105–119 µs with json against 45–50 with jsonb.
 
 // usageColumns are the usages columns in the order appendUsageJSON writes
 // them; TestJSONColumnsMatchSchema keeps it equal to gorm's.
@@ -79,25 +79,21 @@ type jsonRows struct {
 const pgStatementRows = 256
 
 var (
-	sqliteRows = jsonRows{
-		insert: insertSQL(func(i int, _ string) string { return "value ->> " + strconv.Itoa(i) }, "jsonb_each(?)"),
-		max:    sqliteStatementRows,
-	}
-	postgresRows = jsonRows{
-		insert: insertSQL(func(i int, c string) string {
-			if t, ok := pgTypes[c]; ok {
-				return "(v ->> " + strconv.Itoa(i) + ")::" + t
-			}
-			return "v ->> " + strconv.Itoa(i)
-		}, "jsonb_array_elements(?::jsonb) AS v"),
-		max:   pgStatementRows,
-		micro: true,
-	}
+	sqliteRows = newJSONRows(func(i int, _ string) string { return "value ->> " + strconv.Itoa(i) },
+		"jsonb_each(?)", sqliteStatementRows, false)
+	postgresRows = newJSONRows(func(i int, c string) string {
+		if t, ok := pgTypes[c]; ok {
+			return "(v ->> " + strconv.Itoa(i) + ")::" + t
+		}
+		return "v ->> " + strconv.Itoa(i)
+	}, "jsonb_array_elements(?::jsonb) AS v", pgStatementRows, true)
 )
 
-func init() {
-	sqliteRows.upsert = upsertSQL(sqliteRows.insert)
-	postgresRows.upsert = upsertSQL(postgresRows.insert)
+// newJSONRows makes the statements that read each row's i-th column with
+// value(i, its name) from the elements from lists.
+func newJSONRows(value func(i int, column string) string, from string, max int, micro bool) jsonRows {
+	insert := insertSQL(value, from)
+	return jsonRows{insert: insert, upsert: upsertSQL(insert), max: max, micro: micro}
 }
 
 // rowsFor returns the statements of the database gorm's dialector names.
