@@ -40,7 +40,7 @@ import (
 // parsed again (found by text comparison in SQLite's JSON cache) by each
 // ->>; jsonb_each hands out the row as the binary form SQLite parsed the
 // whole text into, which ->> reads as it is: ~62 → ~46 µs of CPU per row in
-// BenchmarkRecord, and the SQL values are the same (TestJSONRows*).
+// BenchmarkRecord, and the SQL values are the same (TestJSON*).
 // PostgreSQL likewise parses a json element again for each ->>: its machine
 // CPU per row was 105–119 µs with json against 45–50 with jsonb.
 
