@@ -135,6 +135,43 @@ func TestBusyKeyTakesTheNextRunAhead(t *testing.T) {
 	})
 }
 
+// TestSteadyKeyFindsItsNextRun: a key sending a few requests a second (a
+// chat client streaming one answer after another) finds a run when the
+// last one ends: it is taken as the leftover goes back, not on the path
+// of the key's next request. Once the key stops, its runs stop.
+func TestSteadyKeyFindsItsNextRun(t *testing.T) {
+	sharedRedis(t, func(t *testing.T, newLimiter func() *Limiter, count *commandCounter) {
+		l := newLimiter()
+		lim := Limit{RequestsPerMinute: 1_000_000}
+		ctx := context.WithValue(context.Background(), onPath{}, true)
+		start := time.Now()
+		var onPath int64
+		for i := 0; time.Since(start) < 3*runFor+runFor/2; i++ {
+			before := count.onPath.Load()
+			d, err := l.AllowRequest(ctx, "chat", lim)
+			if err != nil || !d.Allowed {
+				t.Fatalf("request %d: %+v, %v", i, d, err)
+			}
+			// The first second's requests build the runs up.
+			if time.Since(start) > runFor {
+				onPath += count.onPath.Load() - before
+			}
+			time.Sleep(runFor / 7)
+		}
+		if onPath != 0 {
+			t.Errorf("%d requests of a key sending seven a second asked Redis on their own path after its first second", onPath)
+		}
+		// Stopped, the key gets one run more at most: its current run
+		// ends within runFor, the one taken then runFor later.
+		time.Sleep(2*runFor + runFor/4)
+		before := count.n.Load()
+		time.Sleep(runFor + runFor/2)
+		if n := count.n.Load() - before; n != 0 {
+			t.Errorf("a key that stopped sending 2¼ s ago sent %d commands to Redis in the next 1½ s", n)
+		}
+	})
+}
+
 // TestRequestsWaitForTheTakeInFlight: while Redis is slow to answer a
 // busy key's take, its requests that find the run used up wait for that
 // take instead of each sending a command of its own, and are served from

@@ -139,7 +139,7 @@ func New(o Options) *Limiter {
 	}
 	if o.Redis != nil {
 		l.shared = newRedisStore(o.Redis)
-		l.runs = newRuns(l.giveBackRun)
+		l.runs = newRuns(l.giveBackRun, l.takeAhead, l.now)
 	}
 	return l
 }
