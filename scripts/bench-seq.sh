@@ -12,7 +12,12 @@
 #
 # A "build" may be a wrapper script, e.g. one that sets GOMAXPROCS=1, or
 # scripts/floorproxy (go build -o /tmp/floorproxy ./scripts/floorproxy):
-# a proxy with nothing in it, the floor for a Go gateway.
+# a proxy with nothing in it, the floor for a Go gateway. A build followed
+# by ",pg" keeps its ledger in a new schema of $PG, by ",redis" its rate
+# limits in $REDIS (bench-lib.sh), so that one sitting can tell what each
+# costs:
+#
+#   MODE=stream scripts/bench-seq.sh bin/moonji bin/moonji,redis bin/moonji,pg bin/moonji,pg,redis
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
@@ -27,18 +32,26 @@ case $MODE in
   *) echo "MODE is seq or stream" >&2; exit 2 ;;
 esac
 server=""
-trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; bench_drop_schemas; rm -rf "$dir"' EXIT
 sleep 0.5
 p50() { "$@" | sed -E "s/.*$stat=([0-9.]+)ms.*/\\1/"; }
-for bin in "$@"; do
-  d=$(mktemp -d -p "$dir")
-  bench_config "$d/moonji.yaml" 18092 "sqlite://$d/moonji.db"
+for build in "$@"; do
+  bin=${build%%,*}
+  d=$(mktemp -d -p "$dir") db="sqlite://$d/moonji.db" redis=""
+  case ,${build#*,}, in *,pg,*)
+    schema="bench_$(date +%s%N)"
+    psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
+    bench_schemas+=("$schema")
+    db="$PG&search_path=$schema" ;;
+  esac
+  case ,${build#*,}, in *,redis,*) redis=$REDIS ;; esac
+  bench_config "$d/moonji.yaml" 18092 "$db" "$redis"
   bench_serve "$bin" "$d/moonji.yaml" "$d" 1
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   gw=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18092/v1 -model gpt-4o-mini -H "Authorization: Bearer $key")
   direct=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18080/v1 -model gpt-4o-mini)
   "${gw[@]}" -mode "$MODE" -n 50 -warmup 0 -out "$d/warm" >/dev/null # warm-up
-  line="$(basename "$bin"):"
+  line="$(basename "$build"):"
   for _ in 1 2 3; do
     d50=$(p50 "${direct[@]}" -mode "$MODE" -n "$n" -warmup $warm -out "$d/direct")
     g50=$(p50 "${gw[@]}" -mode "$MODE" -n "$n" -warmup $warm -out "$d/gateway")
