@@ -172,6 +172,36 @@ func TestSteadyKeyFindsItsNextRun(t *testing.T) {
 	})
 }
 
+// TestStoppedKeyGetsOneRunMore: when a run ends, the next is taken only
+// for a key that sent a request in the last runFor, whichever demand
+// periods its requests fell in: here the key's last two requests opened a
+// period, so its demand still counts them when the renewed run ends, 1.85 s
+// after the last one.
+func TestStoppedKeyGetsOneRunMore(t *testing.T) {
+	var takes, gives int
+	p0 := time.Unix(1_000_000, 0)
+	now := p0
+	r := newRuns(func(string, int, int) { gives++ }, func(string, int, int) { takes++ }, func() time.Time { return now })
+	const key, rate = "k", 1_000_000
+	k := &keyRun{period: p0, before: 10, inPeriod: 2, last: p0.Add(50 * time.Millisecond),
+		rate: rate, left: 3, size: 4, gen: 1}
+	r.shard(key).keys[key] = k
+
+	now = p0.Add(900 * time.Millisecond)
+	r.expire(key, 1)
+	if gives != 1 || takes != 1 {
+		t.Fatalf("the run of a key that sent a request 0.85 s ago ended: %d give-backs and %d takes, want 1 and 1", gives, takes)
+	}
+	k.endTake() // the renewed run arrives
+	k.left, k.gen = 4, 2
+
+	now = p0.Add(1900 * time.Millisecond)
+	r.expire(key, 2)
+	if gives != 2 || takes != 1 {
+		t.Fatalf("the renewed run of a key silent for 1.85 s ended: %d give-backs and %d takes in all, want 2 and 1", gives, takes)
+	}
+}
+
 // TestRequestsWaitForTheTakeInFlight: while Redis is slow to answer a
 // busy key's take, its requests that find the run used up wait for that
 // take instead of each sending a command of its own, and are served from
