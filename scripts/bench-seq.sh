@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sequential added latency of several builds, alternated in one sitting
 # (issue 12): the shared bench mock on core 0, each build in turn started
-# on core 1 (SQLite, no Redis), and the shared bench client sending 2,000
-# requests one at a time, three times, to the mock directly and through the
-# gateway. Prints, per build, the added p50 of each run (gateway - direct).
+# on core 1 (SQLite and no Redis unless told below), and the shared bench
+# client sending 2,000 requests one at a time, three times, to the mock
+# directly and through the gateway. Prints, per build, the added p50 of
+# each run (gateway - direct).
 # MODE=stream measures a stream's first byte instead: 300 streams of 5
 # chunks 5 ms apart (CHUNKS=50 and N=200 for the harness's streams).
 #
