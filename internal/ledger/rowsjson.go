@@ -89,8 +89,8 @@ var (
 	}, "jsonb_array_elements(?::jsonb) AS v", pgStatementRows, true)
 )
 
-// newJSONRows makes the statements that read each row's i-th column with
-// value(i, its name) from the elements from lists.
+// newJSONRows makes the statements that read the rows from the elements of
+// the array that from lists, each row's i-th column with value(i, its name).
 func newJSONRows(value func(i int, column string) string, from string, max int, micro bool) jsonRows {
 	insert := insertSQL(value, from)
 	return jsonRows{insert: insert, upsert: upsertSQL(insert), max: max, micro: micro}
