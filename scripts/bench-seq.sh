@@ -53,12 +53,12 @@ rounds() {
   done
   echo "$line"
 }
+direct=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18080/v1 -model gpt-4o-mini)
 for build in "$@"; do
   bin=${build%%,*}
   if [ "$build" = nginx ]; then
     "$BENCH/nginx-baseline.sh" start >/dev/null
     gw=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:8090/v1 -model gpt-4o-mini)
-    direct=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18080/v1 -model gpt-4o-mini)
     rounds nginx "$dir"
     "$BENCH/nginx-baseline.sh" stop >/dev/null 2>&1
     sleep 0.3
@@ -76,7 +76,6 @@ for build in "$@"; do
   bench_serve "$bin" "$d/moonji.yaml" "$d" 1
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   gw=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18092/v1 -model gpt-4o-mini -H "Authorization: Bearer $key")
-  direct=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18080/v1 -model gpt-4o-mini)
   rounds "$(basename "$build")" "$d"
   kill "$server"; wait "$server" 2>/dev/null || true; server=""
 done
