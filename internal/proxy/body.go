@@ -6,6 +6,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/tidwall/gjson"
@@ -27,6 +28,9 @@ type Request struct {
 	MaxTokens int
 	// PromptBytes is the size of the messages, for token estimates.
 	PromptBytes int
+	// noStreamOptions tells that ParseRequest found no stream_options
+	// member (not even a null): RewriteBody then adds one without looking.
+	noStreamOptions bool
 }
 
 // BadRequestError is a client error in the request body.
@@ -87,6 +91,7 @@ func ParseRequest(body []byte) (Request, error) {
 	}
 	switch so := root.Get("stream_options"); so.Type {
 	case gjson.Null:
+		r.noStreamOptions = !so.Exists()
 	case gjson.JSON:
 		if !so.IsObject() {
 			return r, &BadRequestError{Message: "stream_options must be an object", Param: "stream_options"}
@@ -127,6 +132,9 @@ func RewriteBody(body []byte, r Request, upstreamModel string) ([]byte, error) {
 	if !r.Stream || r.ClientWantsUsage || (r.API != APIChat && r.API != APICompletions) {
 		return body, nil
 	}
+	if r.noStreamOptions {
+		return appendMember(body, `"stream_options":{"include_usage":true}`), nil
+	}
 	if gjson.GetBytes(body, "stream_options").Type == gjson.JSON {
 		body, err = sjson.SetBytes(body, "stream_options.include_usage", true)
 	} else {
@@ -137,4 +145,19 @@ func RewriteBody(body []byte, r Request, upstreamModel string) ([]byte, error) {
 		return nil, fmt.Errorf("set stream_options.include_usage: %w", err)
 	}
 	return body, nil
+}
+
+// appendMember returns a copy of the JSON object obj with member added
+// last, as sjson adds a missing key, without parsing obj again: the caller
+// knows obj is an object (ParseRequest checked it) without that key.
+func appendMember(obj []byte, member string) []byte {
+	end := bytes.LastIndexByte(obj, '}')
+	before := bytes.TrimRight(obj[:end], " \t\r\n")
+	out := make([]byte, 0, len(obj)+1+len(member))
+	out = append(out, obj[:end]...)
+	if before[len(before)-1] != '{' {
+		out = append(out, ',')
+	}
+	out = append(out, member...)
+	return append(out, obj[end:]...)
 }

@@ -152,7 +152,7 @@ func FuzzParseRequest(f *testing.F) {
 			want.Model = upstream
 		}
 		if r.Stream {
-			want.ClientWantsUsage = true
+			want.ClientWantsUsage, want.noStreamOptions = true, false
 		}
 		got, err := ParseRequest(out)
 		if err != nil {
@@ -173,6 +173,14 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			if r.Stream && !v.includeUsage() {
 				t.Fatalf("after RewriteBody %s reads no include_usage\nout: %q", name, out)
+			}
+		}
+		if r.noStreamOptions {
+			// The member is added as sjson adds it, without a parse.
+			old := r
+			old.noStreamOptions = false
+			if sj, err := RewriteBody(bytes.Clone(body), old, upstream); err != nil || !bytes.Equal(out, sj) {
+				t.Fatalf("RewriteBody added stream_options as %q, sjson as %q (%v)", out, sj, err)
 			}
 		}
 		if !r.Stream && upstream == "" && !bytes.Equal(out, body) {

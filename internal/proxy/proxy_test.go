@@ -13,7 +13,7 @@ func TestParseRequest(t *testing.T) {
 		body string
 		want Request
 	}{
-		{`{"model":"m","messages":[]}`, Request{Model: "m", PromptBytes: 2}},
+		{`{"model":"m","messages":[]}`, Request{Model: "m", PromptBytes: 2, noStreamOptions: true}},
 		{`{"model":"m","stream":null,"stream_options":null,"max_tokens":null}`, Request{Model: "m"}},
 		{`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":7}`, Request{Model: "m", Stream: true, ClientWantsUsage: true, MaxTokens: 7}},
 		{`{"model":"m","stream":true,"stream_options":{"include_usage":false},"max_completion_tokens":9,"max_tokens":3}`, Request{Model: "m", Stream: true, MaxTokens: 9}},
