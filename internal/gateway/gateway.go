@@ -529,16 +529,22 @@ func (x *exchange) run(body []byte) *Response {
 		return x.admissionFailed(err)
 	}
 	x.take(slot) // before start: a pending row names the backend it runs on
-	x.start()
 	for {
 		x.sent = true
 		var resp *http.Response
 		if link := x.backend.Link; link != nil {
+			x.start()
 			model := gjson.GetBytes(body, "model").String()
 			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
 		} else {
-			resp, err = g.client.Post(x.ctx, x.backend.Upstream, x.up, body)
+			// The request is started once the engine has it: its row,
+			// watch and Stop registration run while the engine works
+			// rather than before, off a stream's first byte (BENCHMARKS.md
+			// §37). They are in place before the answer is read, so before
+			// the client can see the inference id.
+			resp, err = g.client.PostSent(x.ctx, x.backend.Upstream, x.up, body, x.start)
 		}
+		x.start() // a request that could not be written is started all the same: its row
 		if reason := x.failedBeforeAnswer(resp, err); reason != "" {
 			retried, refused := x.retry(reason, resp)
 			if refused != nil {

@@ -58,21 +58,29 @@ func (e *UpstreamError) Unwrap() error { return e.Err }
 // ChatCompletions posts body to the engine's /chat/completions. The caller
 // closes the response body; cancelling ctx aborts the engine's request.
 func (c *Client) ChatCompletions(ctx context.Context, up Upstream, body []byte) (*http.Response, error) {
-	return c.do(ctx, up, http.MethodPost, "/chat/completions", body)
+	return c.do(ctx, up, http.MethodPost, "/chat/completions", body, nil)
 }
 
 // Do sends a request without a body (GET, DELETE) to path under the
 // engine's base URL.
 func (c *Client) Do(ctx context.Context, up Upstream, method, path string) (*http.Response, error) {
-	return c.do(ctx, up, method, path, nil)
+	return c.do(ctx, up, method, path, nil, nil)
 }
 
 // Post posts body to the engine's endpoint of api.
 func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*http.Response, error) {
-	return c.do(ctx, up, http.MethodPost, api.Path(), body)
+	return c.do(ctx, up, http.MethodPost, api.Path(), body, nil)
 }
 
-func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte) (*http.Response, error) {
+// PostSent is Post, calling sent once the whole request is written and
+// before the engine's answer is waited for: work that needs not come before
+// the engine has the request runs while the engine works on it. sent is
+// not called when the request could not be written.
+func (c *Client) PostSent(ctx context.Context, up Upstream, api API, body []byte, sent func()) (*http.Response, error) {
+	return c.do(ctx, up, http.MethodPost, api.Path(), body, sent)
+}
+
+func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte, sent func()) (*http.Response, error) {
 	tg, err := c.t.target(up.BaseURL)
 	if err != nil {
 		return nil, &UpstreamError{Status: http.StatusBadGateway, Backend: up.Name, Err: fmt.Errorf("base URL %q: %w", up.BaseURL, err)}
@@ -82,7 +90,7 @@ func (c *Client) do(ctx context.Context, up Upstream, method, path string, body 
 	}
 	hb := headerBufs.Get().(*[]byte)
 	header := requestHeader((*hb)[:0], method, tg, path, up.APIKey, len(body))
-	resp, err := c.t.roundTrip(ctx, tg, method, header, body)
+	resp, err := c.t.roundTrip(ctx, tg, method, header, body, sent)
 	*hb = header
 	headerBufs.Put(hb)
 	if err != nil {

@@ -83,7 +83,7 @@ func BenchmarkEngineClient(b *testing.B) {
 			up := Upstream{Name: "bench", BaseURL: srv.URL}
 			b.ReportAllocs()
 			for b.Loop() {
-				resp, err := c.do(context.Background(), up, http.MethodPost, path, benchBody)
+				resp, err := c.do(context.Background(), up, http.MethodPost, path, benchBody, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

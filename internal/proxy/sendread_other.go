@@ -10,10 +10,15 @@ type answerReader struct{ conn net.Conn }
 
 func newAnswerReader(c net.Conn) *answerReader { return &answerReader{conn: c} }
 
-func (r *answerReader) send(header, body []byte) error {
+func (r *answerReader) send(header, body []byte, sent func()) error {
 	bufs := net.Buffers{header, body}
-	_, err := bufs.WriteTo(r.conn)
-	return err
+	if _, err := bufs.WriteTo(r.conn); err != nil {
+		return err
+	}
+	if sent != nil {
+		sent()
+	}
+	return nil
 }
 
 func (r *answerReader) Read(p []byte) (int, error) { return r.conn.Read(p) }

@@ -26,15 +26,18 @@ type answerReader struct {
 	rc   syscall.RawConn // nil: the connection has no descriptor (TLS)
 	out  [][]byte        // what is left of the request, until a Read writes it
 	bufs [2][]byte       // out's backing: a request allocates nothing
+	// sent is called once the request is written, before the wait for
+	// the answer (Client.PostSent).
+	sent func()
 
 	// One Read through rc: its call back (readable, a method value made
 	// once) and the state it leaves, kept here rather than in a closure's
 	// variables, which would each be allocated per request.
-	readable     func(fd uintptr) bool
-	p            []byte
-	n            int
-	werr, rerr   error
-	sent, halted bool
+	readable        func(fd uintptr) bool
+	p               []byte
+	n               int
+	werr, rerr      error
+	written, halted bool
 }
 
 // sysRead is read(2) for the answer's first bytes; tests count the calls.
@@ -53,12 +56,18 @@ func newAnswerReader(c net.Conn) *answerReader {
 
 // send hands the request to the next Read, or writes it at once when the
 // connection has no descriptor to wait on.
-func (r *answerReader) send(header, body []byte) error {
+func (r *answerReader) send(header, body []byte, sent func()) error {
 	if r.rc == nil {
 		bufs := net.Buffers{header, body}
-		_, err := bufs.WriteTo(r.conn)
-		return err
+		if _, err := bufs.WriteTo(r.conn); err != nil {
+			return err
+		}
+		if sent != nil {
+			sent()
+		}
+		return nil
 	}
+	r.sent = sent
 	r.bufs = [2][]byte{header, body}
 	r.out = r.bufs[:1]
 	if len(body) > 0 {
@@ -71,13 +80,14 @@ func (r *answerReader) Read(p []byte) (int, error) {
 	if len(r.out) == 0 {
 		return r.conn.Read(p)
 	}
-	r.p, r.n, r.werr, r.rerr, r.sent, r.halted = p, 0, nil, nil, false, false
+	r.p, r.n, r.werr, r.rerr, r.written, r.halted = p, 0, nil, nil, false, false
 	err := r.rc.Read(r.readable)
 	n, werr, rerr := r.n, r.werr, r.rerr
 	r.p, r.werr, r.rerr = nil, nil, nil
 	switch {
 	case werr != nil:
 		r.clear()
+		r.sent = nil
 		return 0, r.opError("write", os.NewSyscallError("writev", werr))
 	case r.halted:
 		// The rest of the request goes the usual way, which waits for room
@@ -85,13 +95,16 @@ func (r *answerReader) Read(p []byte) (int, error) {
 		bufs := append(net.Buffers(nil), r.out...) // a copy: out's backing is cleared
 		r.clear()
 		if _, err := bufs.WriteTo(r.conn); err != nil {
+			r.sent = nil
 			return 0, err
 		}
+		r.notifySent()
 		return r.conn.Read(p)
 	case err != nil:
 		// The wait ended: a deadline, or the connection closed under it
 		// (net has already made it a *net.OpError).
 		r.clear()
+		r.sent = nil
 		return 0, err
 	case rerr != nil:
 		return 0, r.opError("read", os.NewSyscallError("read", rerr))
@@ -105,12 +118,13 @@ func (r *answerReader) Read(p []byte) (int, error) {
 // request and asks to wait; the next ones read, until a read finds bytes,
 // the end or an error.
 func (r *answerReader) onReadable(fd uintptr) bool {
-	if !r.sent {
-		r.sent = true
+	if !r.written {
+		r.written = true
 		if r.werr = r.write(int(fd)); r.werr != nil || len(r.out) > 0 {
 			r.halted = true // failed, or the socket is full: finished by Read
 			return true
 		}
+		r.notifySent()
 		return false // wait for the answer
 	}
 	for {
@@ -120,6 +134,14 @@ func (r *answerReader) onReadable(fd uintptr) bool {
 		}
 	}
 	return r.rerr != syscall.EAGAIN
+}
+
+// notifySent calls (and forgets) the request's sent.
+func (r *answerReader) notifySent() {
+	if f := r.sent; f != nil {
+		r.sent = nil
+		f()
+	}
 }
 
 // clear forgets the request (and lets go of its buffers).

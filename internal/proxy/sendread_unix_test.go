@@ -158,7 +158,7 @@ func TestAnswerReaderAllocatesNothing(t *testing.T) {
 	header, body := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n"), []byte("{}")
 	got := make([]byte, len(answer))
 	exchange := func() {
-		if err := r.send(header, body); err != nil {
+		if err := r.send(header, body, nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, answer) {

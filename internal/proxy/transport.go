@@ -130,7 +130,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 // roundTrip sends one request and reads its answer's header. The body is
 // read on the caller's goroutine; the connection goes back to the pool
 // once the body was read to its end and closed.
-func (t *transport) roundTrip(ctx context.Context, tg *target, method string, header, body []byte) (*http.Response, error) {
+func (t *transport) roundTrip(ctx context.Context, tg *target, method string, header, body []byte, sent func()) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
 		get := t.get
 		if attempt > 0 {
@@ -143,7 +143,7 @@ func (t *transport) roundTrip(ctx context.Context, tg *target, method string, he
 		// Cancelling ctx closes the connection: a write or read in progress
 		// fails at once, and the engine sees its client leave.
 		stop := context.AfterFunc(ctx, func() { ec.Conn.Close() })
-		resp, err := ec.exchange(method, header, body)
+		resp, err := ec.exchange(method, header, body, sent)
 		if err != nil {
 			stop()
 			ec.Conn.Close()
@@ -165,9 +165,9 @@ func (t *transport) roundTrip(ctx context.Context, tg *target, method string, he
 }
 
 // exchange writes the request and reads the answer's status and headers.
-func (ec *engineConn) exchange(method string, header, body []byte) (*http.Response, error) {
+func (ec *engineConn) exchange(method string, header, body []byte, sent func()) (*http.Response, error) {
 	// Written by the first read of the answer (answerReader).
-	if err := ec.ar.send(header, body); err != nil {
+	if err := ec.ar.send(header, body, sent); err != nil {
 		return nil, err
 	}
 	ec.lim.n = maxResponseHeader

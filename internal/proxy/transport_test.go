@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -358,5 +361,78 @@ func TestTransportFrameBuffered(t *testing.T) {
 				t.Errorf("body %q, want %q", b, c.first+c.later)
 			}
 		})
+	}
+}
+
+// TestPostSentRunsWhileTheEngineWorks: PostSent's sent runs once the
+// request is written and before its answer is waited for — here the engine
+// answers only after sent ran — for a small request, one larger than the
+// socket takes at once, and over TLS (no descriptor to wait on); and not
+// at all for a request that could not be written.
+func TestPostSentRunsWhileTheEngineWorks(t *testing.T) {
+	ran := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		select {
+		case <-ran:
+			fmt.Fprintf(w, "%d", n)
+		case <-time.After(5 * time.Second):
+			http.Error(w, "sent never ran", http.StatusInternalServerError)
+		}
+	})
+	plain := httptest.NewServer(h)
+	defer plain.Close()
+	tls := httptest.NewTLSServer(h)
+	defer tls.Close()
+	tlsClient := NewClient()
+	tlsClient.t.rootCAs = srvPool(tls)
+
+	for _, c := range []struct {
+		name, url string
+		client    *Client
+		size      int
+	}{
+		{"small", plain.URL, NewClient(), 100},
+		{"larger than the socket", plain.URL, NewClient(), 8 << 20},
+		{"tls", tls.URL, tlsClient, 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body := []byte(`{"model":"` + strings.Repeat("m", c.size) + `"}`)
+			calls := 0
+			resp, err := c.client.PostSent(context.Background(), Upstream{Name: "e", BaseURL: c.url + "/v1"}, APIChat, body, func() {
+				calls++
+				ran <- struct{}{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(got) != strconv.Itoa(len(body)) || calls != 1 {
+				t.Fatalf("%d %q, sent ran %d times; want 200 %d, once", resp.StatusCode, got, calls, len(body))
+			}
+		})
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // an engine that takes the connection and drops it
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*net.TCPConn).SetLinger(0)
+			conn.Close()
+		}
+	}()
+	defer ln.Close()
+	calls := 0
+	_, err = NewClient().PostSent(context.Background(), Upstream{Name: "e", BaseURL: "http://" + ln.Addr().String() + "/v1"}, APIChat,
+		bytes.Repeat([]byte("x"), 8<<20), func() { calls++ })
+	if err == nil || calls != 0 {
+		t.Fatalf("a request to an engine that drops it: err %v, sent ran %d times; want an error and none", err, calls)
 	}
 }
