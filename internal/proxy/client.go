@@ -75,7 +75,9 @@ func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*
 // PostSent is Post, calling sent once the whole request is written and
 // before the engine's answer is waited for: work that needs not come before
 // the engine has the request runs while the engine works on it. sent is
-// not called when the request could not be written.
+// not called when the request could not be written, and is called again
+// when it is written a second time (once more, on a new connection, after
+// a kept-alive one turned out closed): it must bear that.
 func (c *Client) PostSent(ctx context.Context, up Upstream, api API, body []byte, sent func()) (*http.Response, error) {
 	return c.do(ctx, up, http.MethodPost, api.Path(), body, sent)
 }
