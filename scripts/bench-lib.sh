@@ -19,6 +19,22 @@ models: [{name: gpt-4o-mini, backend: mock}]
 YAML
 }
 
+# bench_build_config BUILD DIR PORT writes DIR/moonji.yaml for a build as
+# the bench scripts name it: a binary, followed by ",pg" to keep its ledger
+# in a new schema of $PG (bench_drop_schemas drops them) and by ",redis" to
+# keep its rate limits and leases in $REDIS (e.g. bin/moonji,pg,redis).
+bench_build_config() {
+  local db="sqlite://$2/moonji.db" redis="" schema
+  case ,${1#*,}, in *,pg,*)
+    schema="bench_$(date +%s%N)"
+    psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
+    bench_schemas+=("$schema")
+    db="$PG&search_path=$schema" ;;
+  esac
+  case ,${1#*,}, in *,redis,*) redis=$REDIS ;; esac
+  bench_config "$2/moonji.yaml" "$3" "$db" "$redis"
+}
+
 # bench_serve BIN CONFIG DIR [CPU] starts BIN serving CONFIG (its journal
 # and log in DIR; on CPU alone when given), sets server to its pid and waits
 # until it answers on the configured port.

@@ -64,15 +64,8 @@ for build in "$@"; do
     sleep 0.3
     continue
   fi
-  d=$(mktemp -d -p "$dir") db="sqlite://$d/moonji.db" redis=""
-  case ,${build#*,}, in *,pg,*)
-    schema="bench_$(date +%s%N)"
-    psql "$PG" -qc "CREATE SCHEMA $schema" >/dev/null
-    bench_schemas+=("$schema")
-    db="$PG&search_path=$schema" ;;
-  esac
-  case ,${build#*,}, in *,redis,*) redis=$REDIS ;; esac
-  bench_config "$d/moonji.yaml" 18092 "$db" "$redis"
+  d=$(mktemp -d -p "$dir")
+  bench_build_config "$build" "$d" 18092
   bench_serve "$bin" "$d/moonji.yaml" "$d" 1
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   gw=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18092/v1 -model gpt-4o-mini -H "Authorization: Bearer $key")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a request's time goes inside the gateway (issue 12, BENCHMARKS.md
 # §29): the shared bench mock and client on core 0, each build in turn
-# started on core 1 (SQLite, GOMAXPROCS 1), requests sent one at a time.
+# started on core 1 (GOMAXPROCS 1; SQLite and no Redis unless the build
+# says so, as in bench-seq.sh), requests sent one at a time.
 # perf traces the build's read and write system calls, and per request
 # the time is split at them: from the request's read to the call to the
 # engine ("before"), the engine's answer ("engine"), and from reading it
@@ -12,6 +13,7 @@
 #   scripts/bench-split.sh bin/moonji /tmp/floorproxy
 #   MODE=seq scripts/bench-split.sh bin/moonji      (non-streamed answers)
 #   CHUNKS=50 N=200 scripts/bench-split.sh bin/moonji   (the harness's streams)
+#   scripts/bench-split.sh bin/moonji bin/moonji,pg,redis   (ledger in PostgreSQL, limits in Redis)
 #
 # MODE=stream (default) sends streams of CHUNKS chunks (5) DELAY apart
 # (5ms) and splits at the first byte; MODE=seq non-streamed requests. A
@@ -22,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
 . scripts/bench-lib.sh
-[ $# -ge 1 ] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
 MODE=${MODE:-stream}
 N=${N:-300}
@@ -31,7 +33,7 @@ dir=$(mktemp -d)
 (cd "$BENCH/benchcli" && go build -o "$dir/benchcli" main.go)
 bench_mock "$dir" -chunks "${CHUNKS:-5}" -delay "${DELAY:-5ms}"
 server=""
-trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; bench_drop_schemas; rm -rf "$dir"' EXIT
 sleep 0.5
 
 # split TRACE CLIENT_FD ENGINE_FD prints the medians of one trace.
@@ -52,9 +54,10 @@ split() {
   ' "$1"
 }
 
-for bin in "$@"; do
+for build in "$@"; do
+  bin=${build%%,*}
   d=$(mktemp -d -p "$dir")
-  bench_config "$d/moonji.yaml" 18092 "sqlite://$d/moonji.db"
+  bench_build_config "$build" "$d" 18092
   bench_serve "$bin" "$d/moonji.yaml" "$d" 1
   key=$("$bin" keys create --config "$d/moonji.yaml" --owner bench@localhost --name bench --rpm 100000000)
   cli=(taskset -c 0 "$dir/benchcli" -url http://127.0.0.1:18092/v1 -model gpt-4o-mini -H "Authorization: Bearer $key")
@@ -71,10 +74,14 @@ for bin in "$@"; do
   kill -INT "$tracer"
   wait "$tracer" 2>/dev/null || true
   # The client's connection is the one its requests are read from; the
-  # engine's, the other one written to most.
+  # engine's, the one written to first after a request is read, most
+  # often (PostgreSQL's and Redis's connections are written to too).
   cfd=$(grep -m1 -E 'read\(fd: [0-9]+.*count: 4096\) += [1-9]' "$d/trace" | sed -E 's/.*read\(fd: ([0-9]+).*/\1/')
-  efd=$(grep -E 'writev?\(fd: [0-9]+' "$d/trace" | sed -E 's/.*\(fd: ([0-9]+).*/\1/' | grep -vx "$cfd" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
-  echo "$(basename "$bin"): client p50 direct ${d50} ms, through it ${g50} ms (traced ${t50} ms); $(split "$d/trace" "$cfd" "$efd")"
+  efd=$(awk -v c="$cfd" '
+    $0 ~ "read\\(fd: "c"[,<]" && $0 ~ "= [1-9][0-9]*$" { open = 1; next }
+    open && match($0, /writev?\(fd: [0-9]+/) { f = substr($0, RSTART, RLENGTH); sub(/.*: /, "", f); if (f != c) { n[f]++; open = 0 } }
+    END { for (f in n) if (n[f] > best) { best = n[f]; e = f } print e }' "$d/trace")
+  echo "$(basename "$build"): client p50 direct ${d50} ms, through it ${g50} ms (traced ${t50} ms); $(split "$d/trace" "$cfd" "$efd")"
   kill "$server"
   wait "$server" 2>/dev/null || true
   server=""
