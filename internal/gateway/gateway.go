@@ -841,7 +841,7 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 		return x.closing(res)
 	}
 	s.Done = func(res *proxy.RelayResult, delivered bool) {
-		resp.Body.Close()
+		proxy.CloseAnswer(resp.Body, res.Ended)
 		// The deadline stays for the closing bytes; the next request on the
 		// connection starts without it (web's clearWriteDeadline).
 		if !decided {

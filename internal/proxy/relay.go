@@ -57,6 +57,10 @@ type RelayResult struct {
 	HasUsage bool
 	// Done is true when the engine's "data: [DONE]" was relayed.
 	Done bool
+	// Ended is true when the engine's last frame ([DONE], or a Responses
+	// stream's terminal event) was read: nothing of the answer follows but
+	// the end of its body (CloseAnswer).
+	Ended bool
 	// Stopped is true when Stopped ended the relay.
 	Stopped bool
 	// ClientErr is set when writing to the client failed (it left).
@@ -254,6 +258,7 @@ func (s *Stream) next() {
 		// A Responses stream that ends in response.failed did not finish;
 		// a chat stream's [DONE] after an error frame did.
 		s.res.Done = s.opts.API != APIResponses || s.res.EngineError == ""
+		s.res.Ended = true
 		s.out = s.transform(s.frame)
 		s.phase = closing
 		if s.End != nil {

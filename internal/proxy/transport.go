@@ -104,6 +104,10 @@ type engineConn struct {
 	key    string
 	reused bool
 	idleAt time.Time
+	// rest is the last answer's body when the answer was over but the
+	// body's end had not arrived when it was closed (engineBody.close): it
+	// is read when the connection is next taken (finishAnswer).
+	rest io.Reader
 }
 
 // limitedReader bounds what may be read while headers are parsed.
@@ -198,21 +202,44 @@ func isChunked(resp *http.Response) bool {
 // get takes an idle connection to tg, the newest first, or dials one.
 func (t *transport) get(ctx context.Context, tg *target) (*engineConn, error) {
 	now := time.Now()
-	t.mu.Lock()
-	for l := t.idle[tg.key]; len(l) > 0; l = t.idle[tg.key] {
+	for {
+		t.mu.Lock()
+		l := t.idle[tg.key]
+		if len(l) == 0 {
+			t.mu.Unlock()
+			return t.dial(ctx, tg)
+		}
 		ec := l[len(l)-1]
 		t.idle[tg.key] = l[:len(l)-1]
 		t.nIdle--
-		if now.Sub(ec.idleAt) < idleTimeout {
-			t.mu.Unlock()
+		t.mu.Unlock()
+		if now.Sub(ec.idleAt) < idleTimeout && ec.finishAnswer() {
 			ec.reused = true
 			return ec, nil
 		}
 		ec.Conn.Close()
 	}
-	t.mu.Unlock()
-	return t.dial(ctx, tg)
 }
+
+// finishAnswer reads the end of the connection's last answer if it had
+// not come when that answer was over (engineBody.close), and reports
+// whether the connection can carry another request. By the time it is
+// taken again the end has almost always arrived (one read(2) finds it);
+// an engine that has not sent it within endWait more is not one to keep
+// a connection with.
+func (ec *engineConn) finishAnswer() bool {
+	if ec.rest == nil {
+		return true
+	}
+	rest := ec.rest
+	ec.rest = nil
+	return drainArrived(ec, rest, endWait) && ec.br.Buffered() == 0
+}
+
+// endWait bounds how long a connection taken from the pool may wait for
+// the end of its last answer (finishAnswer): it comes microseconds after
+// the answer's last frame, and the next request rarely comes that soon.
+const endWait = time.Millisecond
 
 func (t *transport) dial(ctx context.Context, tg *target) (*engineConn, error) {
 	c, err := t.dialer.DialContext(ctx, "tcp", tg.hostPort)
@@ -339,30 +366,60 @@ func (b *engineBody) FrameBuffered() bool {
 
 var lfLF = []byte("\n\n")
 
-func (b *engineBody) Close() error {
+func (b *engineBody) Close() error { return b.close(false) }
+
+// CloseAnswer closes an engine's answer body. ended says that the answer
+// is over as far as its API goes (RelayResult.Ended: a stream's last frame
+// was read), so that nothing follows but the end of the body, a chunked
+// body's last, empty chunk. Engines often write that end apart from the
+// last frame (Go's net/http when the handler returns, uvicorn's h11), and
+// it may not have arrived yet; then the connection is kept all the same
+// and the end read when the connection is next taken, instead of closing
+// a good connection and making the next request dial a new one. A body
+// that is not an engine's is closed.
+func CloseAnswer(body io.Closer, ended bool) error {
+	if b, ok := body.(*engineBody); ok {
+		return b.close(ended)
+	}
+	return body.Close()
+}
+
+func (b *engineBody) close(ended bool) error {
 	if b.closed.Swap(true) {
 		return nil
 	}
 	// stop reports false when ctx already ended and closed the connection.
-	if b.stop() && b.reusable && (b.eof.Load() || b.drain()) {
-		b.t.put(b.ec)
-		return nil
+	if !b.stop() || !b.reusable {
+		return b.ec.Conn.Close()
 	}
-	return b.ec.Conn.Close()
+	switch {
+	case b.eof.Load():
+	case ended && b.ec.br.Buffered() == 0:
+		b.ec.rest = b.rc // its end has not been read yet: finishAnswer
+	case !drainArrived(b.ec, b.rc, 0):
+		// Closed before the answer's end: what is left of it cannot be
+		// skipped cheaply, and closing is how the engine learns its client
+		// left.
+		return b.ec.Conn.Close()
+	}
+	b.t.put(b.ec)
+	return nil
 }
 
-// drain reads what is left of the answer if it has already arrived: a
-// relay stops at the engine's [DONE], and the end of the chunked body
-// usually follows in the same packet. It never waits.
-func (b *engineBody) drain() bool {
-	if b.ec.Conn.SetReadDeadline(time.Now()) != nil {
+// drainArrived reads what is left of an answer's body from rest, and
+// reports whether it came to its end. With wait 0 it reads only what the
+// connection's buffer holds (a read past its deadline fails before it
+// reaches the socket); otherwise it reads the socket too, waiting at most
+// wait for bytes still to come.
+func drainArrived(ec *engineConn, rest io.Reader, wait time.Duration) bool {
+	if ec.Conn.SetReadDeadline(time.Now().Add(wait)) != nil {
 		return false
 	}
-	n, err := io.CopyN(io.Discard, b.rc, 256)
+	n, err := io.CopyN(io.Discard, rest, 256)
 	if err != io.EOF || n >= 256 {
 		return false
 	}
-	return b.ec.Conn.SetReadDeadline(time.Time{}) == nil
+	return ec.Conn.SetReadDeadline(time.Time{}) == nil
 }
 
 // requestHeader is the request line and headers of a call to an engine.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/x509"
@@ -435,4 +436,132 @@ func TestPostSentRunsWhileTheEngineWorks(t *testing.T) {
 	if err == nil || calls != 0 {
 		t.Fatalf("a request to an engine that drops it: err %v, sent ran %d times; want an error and none", err, calls)
 	}
+}
+
+// TestTransportKeepsConnectionWhoseEndComesLate: engines write the end of
+// a chunked body apart from the stream's last frame (Go's net/http when the
+// handler returns, uvicorn's h11), so it often arrives after the relay has
+// read [DONE] and closed the body. The connection is kept all the same and
+// the end read when it is next taken; a stream closed before its last frame
+// still closes its connection (the engine learns its client left), and a
+// connection whose end never comes is not reused.
+func TestTransportKeepsConnectionWhoseEndComesLate(t *testing.T) {
+	frames := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n" + "data: [DONE]\n\n"
+	// relay reads one stream through a Stream up to its last frame and
+	// closes it as the gateway does.
+	relay := func(t *testing.T, c *Client, url string) {
+		t.Helper()
+		resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: url + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewStream(bufio.NewReaderSize(resp.Body, 1<<10), RelayOptions{API: APIChat})
+		got, err := io.ReadAll(s)
+		if err != nil || string(got) != frames {
+			t.Fatalf("relayed %q, %v; want %q", got, err, frames)
+		}
+		if !s.Result().Ended {
+			t.Fatal("the stream's [DONE] was read, but Ended is false")
+		}
+		if err := CloseAnswer(resp.Body, s.Result().Ended); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("end after the last frame", func(t *testing.T) {
+		srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, frames)
+			w.(http.Flusher).Flush()
+			time.Sleep(5 * time.Millisecond) // the body's end comes after the relay is over
+		})
+		c := NewClient()
+		for range 5 {
+			relay(t, c, srv.URL)
+			time.Sleep(20 * time.Millisecond) // and before the next request
+		}
+		if n := conns.Load(); n != 1 {
+			t.Errorf("5 streams took %d connections, want 1", n)
+		}
+	})
+
+	t.Run("closed before the last frame", func(t *testing.T) {
+		gone := make(chan struct{}, 1)
+		srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, frames[:len(frames)-len("data: [DONE]\n\n")])
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			gone <- struct{}{}
+		})
+		c := NewClient()
+		resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewStream(bufio.NewReaderSize(resp.Body, 1<<10), RelayOptions{API: APIChat})
+		s.Read(make([]byte, 1<<10))
+		if s.Result().Ended {
+			t.Fatal("Ended before the last frame")
+		}
+		CloseAnswer(resp.Body, s.Result().Ended)
+		select {
+		case <-gone:
+		case <-time.After(2 * time.Second):
+			t.Fatal("the engine did not see its client leave")
+		}
+		if n := conns.Load(); n != 1 {
+			t.Errorf("%d connections", n)
+		}
+	})
+
+	t.Run("end that never comes", func(t *testing.T) {
+		// A raw engine: a chunked answer with [DONE] and no last chunk, the
+		// connection held open; every request on a new connection.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		var accepted atomic.Int64
+		closed := make(chan struct{}, 4)
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted.Add(1)
+				go func() {
+					defer conn.Close()
+					br := bufio.NewReader(conn)
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(frames), frames)
+					if _, err := br.ReadByte(); err != nil { // held until the gateway closes it
+						closed <- struct{}{}
+					}
+				}()
+			}
+		}()
+		url := "http://" + ln.Addr().String()
+		c := NewClient()
+		relay(t, c, url)
+		start := time.Now()
+		relay(t, c, url)
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("the second stream took %v", d)
+		}
+		if n := accepted.Load(); n != 2 {
+			t.Errorf("%d connections, want 2: a connection whose answer never ended must not be reused", n)
+		}
+		select {
+		case <-closed:
+		case <-time.After(2 * time.Second):
+			t.Fatal("the connection whose answer never ended was not closed")
+		}
+	})
 }
