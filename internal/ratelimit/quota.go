@@ -117,14 +117,14 @@ func (r *runs) shard(key string) *runShard {
 }
 
 // next serves one request of key from its run if it can; then n > 0 asks
-// the caller to take the next run of n ahead, in the background, and to
-// report it with takenAhead. Otherwise, when a take for the busy key is in
+// the caller to take the next run of n ahead, in the background, starting
+// after (aheadDelay), and to report it with takenAhead. Otherwise, when a take for the busy key is in
 // flight, it returns wait, closed once that take is recorded: the caller
 // waits, then calls next again with again set (the request is counted in
 // the key's demand once). Otherwise it returns how many requests the caller
 // should take from Redis for its own: 1, or a run of n > 1, which the
 // caller must then report with taken.
-func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision, served bool, n int, wait <-chan struct{}) {
+func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision, served bool, n int, after time.Duration, wait <-chan struct{}) {
 	sh := r.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -144,22 +144,39 @@ func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision
 		k.left--
 		d = Decision{Allowed: true, Limit: rate, Remaining: k.remaining + k.left, ResetAfter: max(k.resetAt.Sub(now), 0)}
 		if k.left > k.size/2 || n <= 1 || k.taking != nil {
-			return d, true, 0, nil
+			return d, true, 0, 0, nil
 		}
 		k.startTake()
-		return d, true, n, nil
+		return d, true, n, aheadDelay(now.Sub(k.expires.Add(-runFor))), nil
 	}
 	switch {
 	case k.taking != nil && k.size > 1:
 		// Not when the last take brought one request or none (the key is
 		// at its limit): its requests would be refused one after another.
-		return Decision{}, false, 0, k.taking
+		return Decision{}, false, 0, 0, k.taking
 	case n <= 1 || k.taking != nil:
-		return Decision{}, false, 1, nil
+		return Decision{}, false, 1, 0, nil
 	}
 	k.startTake()
-	return Decision{}, false, n, nil
+	return Decision{}, false, n, 0, nil
 }
+
+// aheadDelay is how long a take ahead waits before it starts, given how
+// long ago the current run was taken. Started at once, its goroutine runs
+// as soon as the request that asked for it waits on its engine, and on a
+// gateway with one core holds up that request's answer while it encodes,
+// writes and reads its Redis call: for a chat client streaming one answer
+// after another, every fourth answer's first byte ~0.1–0.3 ms later
+// (BENCHMARKS.md §38). A couple of milliseconds later the answer has
+// begun. At most a quarter of the time the run's first half lasted, so that
+// a busy key's second half (lasting about as long) still outlasts the wait
+// and the round trip.
+func aheadDelay(runAge time.Duration) time.Duration {
+	return min(maxAheadDelay, runAge/4)
+}
+
+// maxAheadDelay bounds aheadDelay.
+const maxAheadDelay = 2 * time.Millisecond
 
 // age moves k's demand periods on to now.
 func (k *keyRun) age(now time.Time) {

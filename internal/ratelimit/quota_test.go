@@ -202,6 +202,40 @@ func TestStoppedKeyGetsOneRunMore(t *testing.T) {
 	}
 }
 
+// TestTakeAheadLetsItsRequestGoFirst: the request that uses up half a
+// run asks for the next one to be taken ahead a little later, not at once
+// (when its goroutine would run while the request waits on its engine): 2
+// ms later for a run taken long ago, a quarter of the run's age for a busy
+// key's young run, so that the run's second half outlasts the wait.
+func TestTakeAheadLetsItsRequestGoFirst(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		age  time.Duration // since the run was taken
+		want time.Duration
+	}{
+		{"a chat client's run, taken 300 ms ago", 300 * time.Millisecond, 2 * time.Millisecond},
+		{"a busy key's run, taken 4 ms ago", 4 * time.Millisecond, time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRuns(func(string, int, int) {}, func(string, int, int) {}, time.Now)
+			const key, rate = "k", 1_000_000
+			now := time.Unix(1_000_000, 0)
+			r.shard(key).keys[key] = &keyRun{period: now.Add(-c.age), before: 4, last: now.Add(-c.age),
+				rate: rate, left: 3, size: 4, expires: now.Add(runFor - c.age), gen: 1}
+			d, served, n, after, wait := r.next(key, rate, false, now)
+			if !d.Allowed || !served || wait != nil {
+				t.Fatalf("not served from the run: %+v, %v, %v", d, served, wait)
+			}
+			if n == 0 {
+				t.Fatal("half the run handed out and no take ahead asked for")
+			}
+			if after != c.want {
+				t.Errorf("the take ahead starts %v after its request, want %v", after, c.want)
+			}
+		})
+	}
+}
+
 // TestRequestsWaitForTheTakeInFlight: while Redis is slow to answer a
 // busy key's take, its requests that find the run used up wait for that
 // take instead of each sending a command of its own, and are served from

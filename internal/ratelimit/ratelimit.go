@@ -139,7 +139,9 @@ func New(o Options) *Limiter {
 	}
 	if o.Redis != nil {
 		l.shared = newRedisStore(o.Redis)
-		l.runs = newRuns(l.giveBackRun, l.takeAhead, l.now)
+		// A run taken as the last one ends starts at once: no request waits.
+		takeAtExpiry := func(key string, rate, n int) { l.takeAhead(key, rate, n, 0) }
+		l.runs = newRuns(l.giveBackRun, takeAtExpiry, l.now)
 	}
 	return l
 }
@@ -190,10 +192,10 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err
 		}
-		d, served, take, wait := l.runs.next(k, lim.RequestsPerMinute, again, l.now())
+		d, served, take, after, wait := l.runs.next(k, lim.RequestsPerMinute, again, l.now())
 		if served {
 			if take > 0 {
-				l.takeAhead(k, lim.RequestsPerMinute, take)
+				l.takeAhead(k, lim.RequestsPerMinute, take, after)
 			}
 			return d, nil
 		}
@@ -224,8 +226,9 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 }
 
 // takeAhead takes key's next run of n requests from Redis on a goroutine
-// of its own, while the current run lasts (quota.go).
-func (l *Limiter) takeAhead(key string, rate, n int) {
+// of its own, after the given delay (aheadDelay), while the current run
+// lasts (quota.go).
+func (l *Limiter) takeAhead(key string, rate, n int, after time.Duration) {
 	l.mu.Lock()
 	if l.closing {
 		l.mu.Unlock()
@@ -234,7 +237,7 @@ func (l *Limiter) takeAhead(key string, rate, n int) {
 	}
 	l.aheads.Add(1)
 	l.mu.Unlock()
-	go func() {
+	take := func() {
 		defer l.aheads.Done()
 		var res result
 		ok := false
@@ -248,7 +251,12 @@ func (l *Limiter) takeAhead(key string, rate, n int) {
 			}
 		}
 		l.runs.takenAhead(key, rate, res, ok, l.now())
-	}()
+	}
+	if after <= 0 {
+		go take()
+		return
+	}
+	time.AfterFunc(after, take)
 }
 
 // Reservation is an admitted estimate of a request's tokens, to be settled
