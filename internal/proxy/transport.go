@@ -202,6 +202,7 @@ func isChunked(resp *http.Response) bool {
 // get takes an idle connection to tg, the newest first, or dials one.
 func (t *transport) get(ctx context.Context, tg *target) (*engineConn, error) {
 	now := time.Now()
+	wait := endWait
 	for {
 		t.mu.Lock()
 		l := t.idle[tg.key]
@@ -213,7 +214,15 @@ func (t *transport) get(ctx context.Context, tg *target) (*engineConn, error) {
 		t.idle[tg.key] = l[:len(l)-1]
 		t.nIdle--
 		t.mu.Unlock()
-		if now.Sub(ec.idleAt) < idleTimeout && ec.finishAnswer() {
+		ok := now.Sub(ec.idleAt) < idleTimeout
+		if ok && ec.rest != nil {
+			ok = ec.finishAnswer(wait)
+			// One wait per request: an engine that did not end one answer
+			// is unlikely to have ended the others, and a pool of such
+			// connections must not cost a request a wait for each.
+			wait = 0
+		}
+		if ok {
 			ec.reused = true
 			return ec, nil
 		}
@@ -221,25 +230,23 @@ func (t *transport) get(ctx context.Context, tg *target) (*engineConn, error) {
 	}
 }
 
-// finishAnswer reads the end of the connection's last answer if it had
+// finishAnswer reads the end of the connection's last answer, which had
 // not come when that answer was over (engineBody.close), and reports
 // whether the connection can carry another request. By the time it is
 // taken again the end has almost always arrived (one read(2) finds it);
-// an engine that has not sent it within endWait more is not one to keep
-// a connection with.
-func (ec *engineConn) finishAnswer() bool {
-	if ec.rest == nil {
-		return true
-	}
+// an engine that has not sent it within wait more is not one to keep a
+// connection with. With wait 0 only what is already buffered counts.
+func (ec *engineConn) finishAnswer(wait time.Duration) bool {
 	rest := ec.rest
 	ec.rest = nil
-	return drainArrived(ec, rest, endWait) && ec.br.Buffered() == 0
+	return drainArrived(ec, rest, wait) && ec.br.Buffered() == 0
 }
 
-// endWait bounds how long a connection taken from the pool may wait for
-// the end of its last answer (finishAnswer): it comes microseconds after
-// the answer's last frame, and the next request rarely comes that soon.
-const endWait = time.Millisecond
+// endWait bounds how long a request may wait for the end of the last
+// answer of a connection it takes from the pool (finishAnswer): the end
+// comes microseconds after the answer's last frame, and the next request
+// rarely comes that soon. A variable for tests.
+var endWait = time.Millisecond
 
 func (t *transport) dial(ctx context.Context, tg *target) (*engineConn, error) {
 	c, err := t.dialer.DialContext(ctx, "tcp", tg.hostPort)

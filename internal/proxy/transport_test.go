@@ -516,38 +516,7 @@ func TestTransportKeepsConnectionWhoseEndComesLate(t *testing.T) {
 	})
 
 	t.Run("end that never comes", func(t *testing.T) {
-		// A raw engine: a chunked answer with [DONE] and no last chunk, the
-		// connection held open; every request on a new connection.
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		var accepted atomic.Int64
-		closed := make(chan struct{}, 4)
-		go func() {
-			for {
-				conn, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				accepted.Add(1)
-				go func() {
-					defer conn.Close()
-					br := bufio.NewReader(conn)
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(frames), frames)
-					if _, err := br.ReadByte(); err != nil { // held until the gateway closes it
-						closed <- struct{}{}
-					}
-				}()
-			}
-		}()
-		url := "http://" + ln.Addr().String()
+		url, accepted, closed := endlessEngine(t, frames)
 		c := NewClient()
 		relay(t, c, url)
 		start := time.Now()
@@ -564,4 +533,80 @@ func TestTransportKeepsConnectionWhoseEndComesLate(t *testing.T) {
 			t.Fatal("the connection whose answer never ended was not closed")
 		}
 	})
+
+	t.Run("many ends that never come", func(t *testing.T) {
+		// Five such connections in the pool cost the next request one
+		// wait, not five.
+		defer func(w time.Duration) { endWait = w }(endWait)
+		endWait = 300 * time.Millisecond
+		url, accepted, closed := endlessEngine(t, frames)
+		c := NewClient()
+		var bodies []io.Closer
+		for range 5 { // open at once: five connections
+			resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: url + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewStream(bufio.NewReaderSize(resp.Body, 1<<10), RelayOptions{API: APIChat})
+			if _, err := io.ReadAll(s); err != nil || !s.Result().Ended {
+				t.Fatalf("stream: %v, ended %v", err, s.Result().Ended)
+			}
+			bodies = append(bodies, resp.Body)
+		}
+		for _, b := range bodies {
+			CloseAnswer(b, true)
+		}
+		start := time.Now()
+		relay(t, c, url)
+		if d := time.Since(start); d > 2*endWait {
+			t.Errorf("the next stream took %v: more than one wait of %v for the pool's connections", d, endWait)
+		}
+		if n := accepted.Load(); n != 6 {
+			t.Errorf("%d connections, want 6", n)
+		}
+		for i := range 5 {
+			select {
+			case <-closed:
+			case <-time.After(2 * time.Second):
+				t.Fatalf("%d of the 5 connections whose answers never ended were closed", i)
+			}
+		}
+	})
+}
+
+// endlessEngine is a raw engine that answers every request on its
+// connection with a chunked stream of frames and never sends the body's
+// end, holding the connection open; closed gets a value for each
+// connection the client closes.
+func endlessEngine(t *testing.T, frames string) (url string, accepted *atomic.Int64, closed chan struct{}) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted = new(atomic.Int64)
+	closed = make(chan struct{}, 16)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(frames), frames)
+				if _, err := br.ReadByte(); err != nil { // held until the client closes it
+					closed <- struct{}{}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String(), accepted, closed
 }
