@@ -25,7 +25,7 @@ import (
 //   - it is sized to what the key sent in the last runFor, so a key that
 //     sends one request now and then takes one at a time;
 //   - what is left of it runFor after it was taken goes back to Redis
-//     (a refund, as for tokens: Reservation.refund);
+//     (a refund, as for tokens: Reservation.refund) when its timer runs;
 //   - only one run per key is taken at a time.
 //
 // A busy key never has more than that one call to Redis in flight. Its next
@@ -140,7 +140,12 @@ func (r *runs) next(key string, rate int, again bool, now time.Time) (d Decision
 		k.last = now
 	}
 	n = k.runSize(rate)
-	if k.left > 0 && k.rate == rate && now.Before(k.expires) {
+	// A run serves until its expiry timer has given back what is left
+	// (expire sets left to 0), even a little past runFor when a busy
+	// process runs the timer late: its requests were admitted when it was
+	// taken, and a request that found it expired would ask Redis on its
+	// own path.
+	if k.left > 0 && k.rate == rate {
 		k.left--
 		d = Decision{Allowed: true, Limit: rate, Remaining: k.remaining + k.left, ResetAfter: max(k.resetAt.Sub(now), 0)}
 		if k.left > k.size/2 || n <= 1 || k.taking != nil {
