@@ -75,8 +75,18 @@ type jsonRows struct {
 }
 
 // pgStatementRows is the most rows one statement writes on PostgreSQL (a
-// batch is at most maxBatch rows).
-const pgStatementRows = 256
+// batch is at most maxBatch rows). The server's backend spends ~21 µs a row
+// on a statement, wherever the kernel runs it — on a gateway's own core too,
+// at the priority of its request threads (another session's process; the
+// committer's low priority does not reach it). At 5,000 req/s a batch of 256
+// rows made every 51 ms (maxBatch ops) was ~5 ms of the backend's work in one
+// piece, and requests arriving meanwhile waited behind it: a burst of slow
+// requests at each batch. In statements of 32 rows the backend works in
+// pieces of under a millisecond, and the next piece is sent only when the
+// committer runs — when the request threads leave it the core (slow log at
+// 5,000 req/s: bursts of 10 or more slow requests 111–120 → 28–45 in 10 s;
+// the backend's CPU the same; BENCHMARKS.md §39).
+const pgStatementRows = 32
 
 var (
 	sqliteRows = newJSONRows(func(i int, _ string) string { return "value ->> " + strconv.Itoa(i) },
