@@ -21,9 +21,20 @@ func (h *Handler) ChatCompletions(maxBody int64) fiber.Handler {
 // /v1/completions, /v1/embeddings, /v1/responses) the same way: the
 // gateway runs every API through one lifecycle.
 func (h *Handler) Inference(api proxy.API, maxBody int64) fiber.Handler {
-	return func(c *fiber.Ctx) error {
+	return func(c *fiber.Ctx) (err error) {
 		call := gateway.Call{ID: gateway.NewInferenceID(), FreshID: true, Start: time.Now(), API: api}
 		SetRequestID(c, call.ID)
+		// A panic before the gateway has the request still leaves its one
+		// row; inside the gateway, the gateway recovers it itself.
+		served := false
+		defer func() {
+			if p := recover(); p != nil {
+				if served {
+					panic(p) // its row is written: the server's recover answers
+				}
+				err = writeResponse(c, h.Gateway.Recovered(call, p))
+			}
+		}()
 
 		// The caller is identified before the body is read (the server
 		// streams request bodies): a request without a valid key costs
@@ -52,7 +63,9 @@ func (h *Handler) Inference(api proxy.API, maxBody int64) fiber.Handler {
 			// that still reads from one that is gone.
 			call.Probe = connwatch.InterimProbe
 		}
-		return writeResponse(c, h.Gateway.Serve(api, call))
+		resp := h.Gateway.Serve(api, call)
+		served = true
+		return writeResponse(c, resp)
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"html"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +61,13 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 	log := h.Log
 	conn, stall := c.Context().Conn(), h.StreamWriteTimeout
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		// The writer runs outside every handler: a panic here would end the
+		// process, not this stream.
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("event stream panicked; it alone ends", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			}
+		}()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,6 +40,22 @@ type testEnv struct {
 }
 
 type envOption func(*config.Config)
+
+// serverHooks holds, by configuration, what withHook asks to run on the
+// server before it serves.
+var serverHooks sync.Map // *config.Config → []func(*web.Server)
+
+// withHook runs h on the server after it is assembled and before it
+// serves (a test adds a route of its own).
+func withHook(h func(*web.Server)) envOption {
+	return func(c *config.Config) {
+		var hooks []func(*web.Server)
+		if v, ok := serverHooks.Load(c); ok {
+			hooks = v.([]func(*web.Server))
+		}
+		serverHooks.Store(c, append(hooks, h))
+	}
+}
 
 // databases lists the database URLs every gateway test runs against:
 // SQLite always, PostgreSQL too when MOONJI_TEST_POSTGRES_DSN is set.
@@ -127,6 +144,11 @@ func startWithConfig(t testing.TB, cfg *config.Config, mock *mockllm.Server, moc
 	srv, err := web.New(context.Background(), cfg, log)
 	if err != nil {
 		t.Fatalf("start gateway: %v", err)
+	}
+	if hooks, ok := serverHooks.LoadAndDelete(cfg); ok {
+		for _, h := range hooks.([]func(*web.Server)) {
+			h(srv)
+		}
 	}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown(2 * time.Second) })

@@ -2,10 +2,13 @@ package web
 
 import (
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/gofiber/fiber/v2/middleware/recover"
 
 	"moonji/handlers"
 	"moonji/internal/proxy"
@@ -23,6 +26,9 @@ const smallBodyLimit = 64 << 10
 // goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
+	// A handler's panic fails its request alone (a 500, in OpenAI's shape
+	// on /v1 and /api), never the process and every stream in it.
+	app.Use(recover.New(recover.Config{EnableStackTrace: true, StackTraceHandler: s.logPanic}))
 	app.Use(clearWriteDeadline)
 	if len(s.Config.CORS.AllowedOrigins) > 0 {
 		app.Use("/v1", cors(s.Config.CORS.AllowedOrigins))
@@ -48,6 +54,14 @@ func (s *Server) routes(h *handlers.Handler) {
 	// The stop for people authenticates itself (session + CSRF header), so
 	// it does not depend on the /api group's middleware order.
 	app.Post("/api/v1/inference/stop", h.StopInference)
+}
+
+// logPanic logs a handler's panic with its stack; the recover middleware
+// then answers the request with a 500.
+func (s *Server) logPanic(c *fiber.Ctx, p any) {
+	s.Metrics.Panics.Inc()
+	s.log.Error("handler panicked; the request alone fails", "method", c.Method(), "path", c.Path(),
+		"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 }
 
 // smallBodies reads the request body, at most limit bytes, before the

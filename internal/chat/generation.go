@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,16 @@ type generation struct {
 func (g *generation) run(p gateway.Principal, body []byte) {
 	defer g.s.wg.Done()
 	defer g.s.release(g)
+	// A panic here would take every stream of the process with it: the
+	// reply fails alone (the gateway has recovered its own part, and
+	// written the request's row).
+	defer func() {
+		if r := recover(); r != nil {
+			g.s.log.Error("chat generation panicked; its reply fails", "inference_id", g.id, "panic", fmt.Sprint(r),
+				"stack", string(debug.Stack()))
+			g.finish(models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: "The answer failed (internal error)."})
+		}
+	}()
 	resp := g.s.o.Gateway.ChatCompletions(gateway.Call{ID: g.id, Start: time.Now(), Principal: p, Body: body, OnEnd: g.onEnd})
 	switch {
 	case g.finished:

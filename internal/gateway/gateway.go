@@ -328,9 +328,11 @@ func (g *Gateway) reject(call Call, model string, status int, reason string, e a
 	row.Reason = reason
 	row.UsageSource = models.UsageNone
 	row.DurationMs = time.Since(call.Start).Milliseconds()
-	g.ledger.Record(row)
 	g.count(model, models.OutcomeRejected)
 	g.metrics.Rejections.WithLabelValues(reason).Inc()
+	// The row last: a panic before it leaves the request without one,
+	// which recovered then writes, never two.
+	g.ledger.Record(row)
 	return e.response(status, hdr)
 }
 
@@ -359,8 +361,15 @@ func (g *Gateway) ChatCompletions(call Call) *Response { return g.Serve(proxy.AP
 
 // Serve serves one request to api from parsing to the final ledger row: every
 // API goes through the same admission, ledger, cancellation and Stop.
-func (g *Gateway) Serve(api proxy.API, call Call) *Response {
+func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	call.API = api
+	// A panic while this request is served fails it alone (recovered).
+	var x *exchange
+	defer func() {
+		if p := recover(); p != nil {
+			resp = g.recovered(call, x, p)
+		}
+	}()
 	req, err := proxy.ParseFor(api, call.Body)
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
@@ -404,7 +413,7 @@ func (g *Gateway) Serve(api proxy.API, call Call) *Response {
 		return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
 	}
 
-	x := &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
+	x = &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
 		row: g.row(call, req.Model, route.Pool.Name())}
 	return x.run(body)
 }
@@ -497,6 +506,9 @@ type exchange struct {
 	stopRun  *stop.Run
 	firstTok time.Time
 	finished bool
+	// recorded is set once the final row is queued: a request that
+	// panicked after it keeps that row (recovered).
+	recorded bool
 	// sent is set once the body went to the engine: from then on the engine
 	// may have read the prompt, and a request cut short is billed for it.
 	sent bool
@@ -571,8 +583,8 @@ func (x *exchange) run(body []byte) *Response {
 			// the engine's headers are read, so they go now.
 			resp.Header = nil
 			ready := frameBuffered(resp.Body)
-			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(), BodyStream: x.stream(resp),
-				HeaderWithFirstFrame: ready}
+			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(),
+				BodyStream: &guardedStream{s: x.stream(resp), x: x, body: resp.Body}, HeaderWithFirstFrame: ready}
 		}
 		return x.whole(resp)
 	}
@@ -746,6 +758,16 @@ func (x *exchange) whole(resp *http.Response) *Response {
 		return x.internalError(perr)
 	}
 	if resp.StatusCode == http.StatusOK {
+		if !isJSONObject(data) {
+			// Not the API's answer (an HTML page, a torn body): the
+			// client's SDK could not read it either.
+			x.g.log.Warn("backend answered 200 with a body that is not a JSON object", "backend", x.backendName(),
+				"bytes", len(data), "inference_id", x.call.ID)
+			x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_unreadable", http.StatusBadGateway
+			x.row.UsageSource = models.UsageNone
+			x.finish()
+			return x.reply(http.StatusBadGateway, fmt.Sprintf("Backend %s answered with a body that is not the API's JSON.", x.backendName()), "server_error", "upstream_unreadable")
+		}
 		x.row.Outcome = models.OutcomeSuccess
 		if x.req.API == proxy.APIResponses {
 			x.row.ResponseID = gjson.GetBytes(data, "id").Str
@@ -753,12 +775,7 @@ func (x *exchange) whole(resp *http.Response) *Response {
 				x.row.ResponseID = x.answerID()
 			}
 		}
-		if u, ok := usageOf(x.up, data); ok {
-			x.row.PromptTokens, x.row.CompletionTokens = u.PromptTokens, u.CompletionTokens
-			x.row.UsageSource = models.UsageFromEngine
-		} else {
-			x.row.UsageSource = models.UsageNone
-		}
+		x.wholeUsage(data)
 	} else {
 		x.row.Outcome = models.OutcomeError
 		x.row.Reason = "upstream_" + strconv.Itoa(resp.StatusCode)
@@ -926,6 +943,12 @@ func (x *exchange) closingFrames(res *proxy.RelayResult) []byte {
 		if res.Done {
 			x.row.CompletionTokens = res.Usage.CompletionTokens
 			x.row.UsageSource = models.UsageFromEngine
+		}
+	}
+	if res.BadUsage != "" {
+		x.badUsage(res.BadUsage)
+		if !res.HasUsage {
+			x.estimatePrompt() // the completion is counted from the chunks
 		}
 	}
 	cause := context.Cause(x.ctx)
@@ -1170,18 +1193,11 @@ func (x *exchange) finish() {
 		return
 	}
 	x.finished = true
-	if x.responseID != "" {
-		x.g.running.Delete(x.responseID)
-	}
 	end := time.Now()
-	x.watch.Stop()
+	x.release()
 	if x.row.Outcome == models.OutcomeStopped || x.row.Outcome == models.OutcomeCancelled {
 		x.estimatePrompt()
 	}
-	if x.slot != nil {
-		x.slot.Release()
-	}
-	x.cancel(nil)
 	g, row := x.g, &x.row
 	mm := g.metrics.Model(row.Model)
 	row.DurationMs = end.Sub(x.call.Start).Milliseconds()
@@ -1199,11 +1215,7 @@ func (x *exchange) finish() {
 	if x.tokens != nil {
 		x.tokens.Reconcile(context.Background(), row.PromptTokens+row.CompletionTokens)
 	}
-	if x.hasBegun {
-		g.ledger.Finish(*row)
-	} else {
-		g.ledger.Record(*row)
-	}
+	x.record()
 	if x.call.OnEnd != nil {
 		end := End{Row: *row}
 		if x.stopRun != nil {
@@ -1219,6 +1231,35 @@ func (x *exchange) finish() {
 	}
 	g.count(row.Model, row.Outcome)
 	mm.Duration.Observe(end.Sub(x.call.Start).Seconds())
-	mm.PromptTokens.Add(float64(row.PromptTokens))
-	mm.CompletionTokens.Add(float64(row.CompletionTokens))
+	// A counter panics on a negative value; no count here can be one, but
+	// a mistake must not take the process down with it.
+	mm.PromptTokens.Add(float64(max(row.PromptTokens, 0)))
+	mm.CompletionTokens.Add(float64(max(row.CompletionTokens, 0)))
+}
+
+// release frees what the request holds — its registration by response id,
+// the watch on its client, its slot, its context — and may run more than
+// once.
+func (x *exchange) release() {
+	if x.responseID != "" {
+		x.g.running.Delete(x.responseID)
+	}
+	x.watch.Stop()
+	if x.slot != nil {
+		x.slot.Release()
+	}
+	x.cancel(nil)
+}
+
+// record queues the request's final row, once.
+func (x *exchange) record() {
+	if x.recorded {
+		return
+	}
+	x.recorded = true
+	if x.hasBegun {
+		x.g.ledger.Finish(x.row)
+	} else {
+		x.g.ledger.Record(x.row)
+	}
 }

@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/tidwall/gjson"
-
 	"moonji/internal/proxy"
 	"moonji/internal/responses"
 )
@@ -85,19 +83,6 @@ func (e apiError) response(status int, hdr http.Header) *Response {
 
 func errorResponse(status int, message, typ, code string, hdr http.Header) *Response {
 	return apiError{message: message, typ: typ, code: code}.response(status, hdr)
-}
-
-// usageOf reads the usage object of a whole (non-streamed) completion.
-func usageOf(api proxy.API, body []byte) (proxy.Usage, bool) {
-	u := gjson.GetBytes(body, "usage")
-	if !u.IsObject() {
-		return proxy.Usage{}, false
-	}
-	if api == proxy.APIResponses {
-		return proxy.Usage{PromptTokens: int(u.Get("input_tokens").Int()), CompletionTokens: int(u.Get("output_tokens").Int())}, true
-	}
-	// Embeddings have prompt_tokens only.
-	return proxy.Usage{PromptTokens: int(u.Get("prompt_tokens").Int()), CompletionTokens: int(u.Get("completion_tokens").Int())}, true
 }
 
 // refusal makes a translation's refusal a client error naming its field.

@@ -15,7 +15,7 @@ import (
 // Outcomes, rejection reasons and stop results known in advance.
 var (
 	Outcomes         = []string{"success", "error", "cancelled", "stopped", "rejected"}
-	RejectionReasons = []string{"unauthorized", "auth_blocked", "invalid_request", "model_not_found", "rate_limited", "queue_full", "queue_timeout", "engine_unavailable", "api_not_supported"}
+	RejectionReasons = []string{"unauthorized", "auth_blocked", "invalid_request", "model_not_found", "rate_limited", "queue_full", "queue_timeout", "engine_unavailable", "api_not_supported", "too_many_generations"}
 	StopResults      = []string{"acked", "local", "timeout", "finished", "not_found", "unavailable"}
 )
 
@@ -40,6 +40,8 @@ type Metrics struct {
 	SharedDegraded  prometheus.Gauge
 	Stops           *prometheus.CounterVec // result
 	StopLatency     prometheus.Histogram
+	// Panics counts requests (and streams) that panicked and failed alone.
+	Panics prometheus.Counter
 
 	// The children of the vectors for every model and backend known at
 	// start, looked up once: WithLabelValues hashes its labels and takes the
@@ -126,9 +128,12 @@ func New(models, backends []string) *Metrics {
 			Name: "moonji_stop_latency_seconds", Help: "Time from a stop request to the owner's acknowledgement.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .02, .05, .1, .25, .5, 1, 2},
 		}),
+		Panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "moonji_panics_total", Help: "Requests whose handling panicked: each failed alone, the process went on.",
+		}),
 	}
 	reg.MustRegister(m.Requests, m.Rejections, m.TTFT, m.QueueWait, m.Duration, m.PromptTokens,
-		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.BackendUp, m.Retries, m.SharedDegraded, m.Stops, m.StopLatency)
+		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.BackendUp, m.Retries, m.SharedDegraded, m.Stops, m.StopLatency, m.Panics)
 	m.models = make(map[string]*Model, len(models))
 	for _, model := range models {
 		m.models[model] = m.newModel(model)

@@ -52,9 +52,14 @@ type RelayResult struct {
 	// ContentChunks counts chunks carrying content (text, reasoning or
 	// tool calls) that were flushed to the client.
 	ContentChunks int
-	// Usage is the engine's usage chunk, when one came.
+	// Usage is the engine's usage chunk, when one came with counts that
+	// can be true (ReadUsage).
 	Usage    Usage
 	HasUsage bool
+	// BadUsage is the usage object of a chunk whose counts cannot be
+	// (negative, fractional, absurd), cut for a log line: the request's
+	// tokens are then counted and estimated as if none had come.
+	BadUsage string
 	// Done is true when the engine's "data: [DONE]" was relayed.
 	Done bool
 	// Ended is true when the engine's last frame ([DONE], or a Responses
@@ -347,6 +352,19 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 	}
 }
 
+// readUsage records an engine's usage object: its counts when they can be
+// true, otherwise what it said (BadUsage), and no counts at all — a later
+// usage chunk is not mixed with an earlier one's.
+func (res *RelayResult) readUsage(v gjson.Result, prompt, completion string) {
+	u, ok := ReadUsage(v, prompt, completion)
+	if !ok {
+		res.HasUsage, res.Usage = false, Usage{}
+		res.BadUsage = strings.Clone(UsageText(v.Raw))
+		return
+	}
+	res.HasUsage, res.Usage = true, u
+}
+
 func isBlank(line []byte) bool {
 	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
 }
@@ -428,9 +446,7 @@ func classify(frame []byte, res *RelayResult) frameKind {
 	}
 	kind := frameOther
 	if usage.IsObject() {
-		res.HasUsage = true
-		res.Usage.PromptTokens = int(usage.Get("prompt_tokens").Int())
-		res.Usage.CompletionTokens = int(usage.Get("completion_tokens").Int())
+		res.readUsage(usage, "prompt_tokens", "completion_tokens")
 		if choices.IsArray() && isEmptyArray(choices.Raw) {
 			kind = frameUsage
 		}
@@ -501,9 +517,7 @@ func classifyEvent(frame []byte, res *RelayResult) frameKind {
 	case "response.completed", "response.incomplete", "response.failed":
 		u := gjson.Get(s, "response.usage")
 		if u.IsObject() {
-			res.HasUsage = true
-			res.Usage.PromptTokens = int(u.Get("input_tokens").Int())
-			res.Usage.CompletionTokens = int(u.Get("output_tokens").Int())
+			res.readUsage(u, "input_tokens", "output_tokens")
 		}
 		if typ == "response.failed" && res.EngineError == "" {
 			res.EngineError = strings.Clone(gjson.Get(s, "response.error.message").Str)

@@ -6,6 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/jsonguard"
+	"moonji/internal/proxy"
 )
 
 // head is what every response object of one request shares: its id, its
@@ -227,22 +228,32 @@ func appendUsage(b []byte, u usage) []byte {
 
 // readUsage reads a chat usage object: prompt_tokens → input_tokens,
 // completion_tokens → output_tokens, and the cached and reasoning details
-// when the engine gives them.
+// when the engine gives them. Counts that cannot be true (negative,
+// fractional, absurd: proxy.TokenCount) make it no usage at all: the
+// response says null rather than pass them on.
 func readUsage(v gjson.Result) usage {
 	u := usage{ok: true}
+	count := func(x gjson.Result) int64 {
+		n, ok := proxy.TokenCount(x)
+		u.ok = u.ok && ok
+		return int64(n)
+	}
 	v.ForEach(func(k, x gjson.Result) bool {
 		switch k.Str {
 		case "prompt_tokens":
-			u.in = x.Int()
+			u.in = count(x)
 		case "completion_tokens":
-			u.out = x.Int()
+			u.out = count(x)
 		case "prompt_tokens_details":
-			u.cached = x.Get("cached_tokens").Int()
+			u.cached = count(x.Get("cached_tokens"))
 		case "completion_tokens_details":
-			u.reasoning = x.Get("reasoning_tokens").Int()
+			u.reasoning = count(x.Get("reasoning_tokens"))
 		}
 		return true
 	})
+	if !u.ok {
+		return usage{}
+	}
 	return u
 }
 
