@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/config"
+	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/models"
 	"moonji/web"
@@ -231,4 +232,34 @@ func mustGet(t *testing.T, url string) *http.Response {
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp
+}
+
+// TestTranslatedResponsesValidateTheirFields: a Responses request translated
+// for a chat-only backend is checked for the fields the gateway translates:
+// max_output_tokens of -1 or 1e30 (and temperature, top_p out of range) get
+// a 400 in OpenAI's shape naming the field the client sent, before the
+// engine sees anything — not the engine's chat error naming max_tokens.
+func TestTranslatedResponsesValidateTheirFields(t *testing.T) {
+	e := startTranslatingEnv(t, mockllm.Options{Tokens: 4})
+	for _, c := range []struct{ field, value string }{
+		{"max_output_tokens", "-1"}, {"max_output_tokens", "1e30"}, {"max_output_tokens", "0"},
+		{"max_output_tokens", "2.5"}, {"temperature", "3"}, {"top_p", "-0.5"},
+	} {
+		for _, stream := range []string{"false", "true"} {
+			resp := e.postPath(context.Background(), "/v1/responses",
+				`{"model":"m1","stream":`+stream+`,"input":"x","`+c.field+`":`+c.value+`}`)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || gjson.Get(body, "error.param").Str != c.field ||
+				gjson.Get(body, "error.type").Str != "invalid_request_error" || gjson.Get(body, "error.code").Type != gjson.String {
+				t.Errorf("%s: %s answered %d %s", c.field, c.value, resp.StatusCode, body)
+			}
+			if row := e.final(resp.Header.Get("X-Inference-Id")); row.Outcome != models.OutcomeRejected || row.Status != 400 {
+				t.Errorf("%s: %s left row %+v", c.field, c.value, row)
+			}
+		}
+	}
+	if n := len(e.Mock.Requests()); n != 0 {
+		t.Errorf("the engine got %d requests", n)
+	}
 }

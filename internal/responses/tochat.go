@@ -4,6 +4,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/jsonguard"
+	"moonji/internal/proxy"
 )
 
 // requestWatch lists the members of a Responses request ToChat reads; a
@@ -130,11 +131,11 @@ func (r *request) set(name string, v gjson.Result) *Refusal {
 		}
 		r.instructions = v
 	case "max_output_tokens":
-		return numberOrNull(name, v, &r.maxOutput)
+		return tokensOrNull(name, v, &r.maxOutput)
 	case "temperature":
-		return numberOrNull(name, v, &r.temperature)
+		return numberOrNull(name, v, 0, 2, &r.temperature)
 	case "top_p":
-		return numberOrNull(name, v, &r.topP)
+		return numberOrNull(name, v, 0, 1, &r.topP)
 	case "stream":
 		if !isNull(v) && v.Type != gjson.True && v.Type != gjson.False {
 			return mustBe(name, "a boolean")
@@ -231,10 +232,34 @@ func (r *request) set(name string, v gjson.Result) *Refusal {
 	return nil
 }
 
-// numberOrNull keeps v in dst when it is a number or null.
-func numberOrNull(name string, v gjson.Result, dst *gjson.Result) *Refusal {
-	if !isNull(v) && v.Type != gjson.Number {
+// numberOrNull keeps v in dst when it is null or a number from lo to hi
+// (OpenAI's ranges): the engine would get it as the chat field, and its
+// refusal would name a field the client never sent.
+func numberOrNull(name string, v gjson.Result, lo, hi float64, dst *gjson.Result) *Refusal {
+	if isNull(v) {
+		*dst = v
+		return nil
+	}
+	if v.Type != gjson.Number {
 		return mustBe(name, "a number")
+	}
+	if f := v.Float(); !(f >= lo && f <= hi) {
+		return refuse(name, "%s must be a number from %g to %g, got %s", name, lo, hi, v.Raw)
+	}
+	*dst = v
+	return nil
+}
+
+// tokensOrNull keeps v in dst when it is null or a whole number of tokens
+// from 1 to proxy.MaxReportedTokens (no -1, no 1e30: an engine echoing it
+// back as usage made negative and absurd bills).
+func tokensOrNull(name string, v gjson.Result, dst *gjson.Result) *Refusal {
+	if isNull(v) {
+		*dst = v
+		return nil
+	}
+	if n, ok := proxy.TokenCount(v); !ok || n < 1 {
+		return refuse(name, "%s must be an integer from 1 to %d, got %s", name, proxy.MaxReportedTokens, v.Raw)
 	}
 	*dst = v
 	return nil
