@@ -15,7 +15,8 @@ Usage:
   moonji serve [--config FILE]                 run the server
   moonji mockllm [--listen ADDR]               run a stand-alone fake OpenAI-compatible engine
   moonji engine [--listen ADDR]                serve the config's models to gateways (ws://ADDR/engine;
-                                               default 127.0.0.1:9300; engine.token or MOONJI_ENGINE_TOKEN)
+                                               default 127.0.0.1:9300; another address needs engine.token
+                                               or MOONJI_ENGINE_TOKEN)
   moonji keys create --owner EMAIL --name NAME [--expires DURATION] [--rpm N]
                                                issue an API key (printed once, alone on stdout)
   moonji keys list                             list keys

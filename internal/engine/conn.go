@@ -39,6 +39,11 @@ type conn struct {
 	wg     sync.WaitGroup // the running requests
 	done   chan struct{}  // closed when serve has returned
 
+	// inSession is set by the read loop once a session has opened here:
+	// envelopes may then be protocol.MaxEnvelope, not
+	// MaxEnvelopeBeforeSession. Only the read loop touches it.
+	inSession bool
+
 	mu       sync.Mutex
 	sessions map[string]*session
 	draining bool // goaway sent: no new sessions
@@ -57,10 +62,9 @@ func newConn(s *Server, ws *websocket.Conn, remote string) *conn {
 // session: their requests are cancelled and waited for.
 func (c *conn) serve() {
 	defer close(c.done)
-	// The envelope bound is checked here, not by the library: it would
-	// close the connection, and an envelope too large deserves only an
-	// `error` answer.
-	c.ws.SetReadLimit(-1)
+	// Until a session opens, the library enforces the small limit as it
+	// reads: a stranger's large envelope is never buffered.
+	c.ws.SetReadLimit(MaxEnvelopeBeforeSession)
 	c.log.Info("engine connection opened", "subprotocol", c.ws.Subprotocol())
 	writerDone := make(chan struct{})
 	go func() {
@@ -126,13 +130,21 @@ func closeReason(err error) string {
 	return err.Error()
 }
 
+// readLoop reads and dispatches envelopes, one at a time, until the
+// connection ends.
 func (c *conn) readLoop() error {
+	raised := false
 	for {
 		typ, r, err := c.ws.Reader(c.ctx)
 		if err != nil {
 			return err
 		}
 		data, err := io.ReadAll(io.LimitReader(r, protocol.MaxEnvelope+1))
+		if errors.Is(err, websocket.ErrMessageTooBig) {
+			c.log.Warn("engine connection closing: an envelope over the limit before its first session",
+				"limit_bytes", MaxEnvelopeBeforeSession)
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -156,6 +168,15 @@ func (c *conn) readLoop() error {
 			continue
 		}
 		c.dispatch(env)
+		if c.inSession && !raised {
+			// The envelope bound is now checked above, not by the
+			// library: it would close the connection, and an envelope too
+			// large from a gateway deserves only an `error` answer. (The
+			// library reads its limit as each message starts: this holds
+			// from the next one.)
+			c.ws.SetReadLimit(-1)
+			raised = true
+		}
 	}
 }
 

@@ -66,6 +66,9 @@ type Options struct {
 	// MaxSessions bounds the live sessions of one connection (default
 	// 10,000); more are refused with chat.error 503.
 	MaxSessions int
+	// MaxConns bounds the connections open at once (default
+	// DefaultMaxConns); more are refused with 503 before the upgrade.
+	MaxConns int
 	// PingInterval is the engine's own heartbeat (default 5 s): a gateway
 	// that answers no ping for two intervals is gone — its host died, or a
 	// NAT forgot the connection — and its connection is closed, freeing its
@@ -83,6 +86,9 @@ type Server struct {
 	mu      sync.Mutex
 	closing bool
 	conns   map[*conn]struct{}
+	// admitted counts the connections given a place (upgraded, or being
+	// upgraded), at most MaxConns.
+	admitted int
 	// running counts the requests running on every connection; idle is
 	// closed (and replaced) whenever it falls to zero, for Shutdown.
 	running int
@@ -106,6 +112,9 @@ func New(o Options) *Server {
 	if o.PingInterval <= 0 {
 		o.PingInterval = 5 * time.Second
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
 	s := &Server{opts: o, models: map[string]Model{}, client: o.Client, log: o.Logger,
 		conns: map[*conn]struct{}{}, idle: make(chan struct{})}
 	if s.client == nil {
@@ -120,12 +129,21 @@ func New(o Options) *Server {
 	return s
 }
 
-// ServeHTTP checks the token and the offered protocol versions, then
-// serves the connection until it closes.
+// ServeHTTP checks the peer (without a token), the token, the offered
+// protocol versions and the connection limit, then serves the connection
+// until it closes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != Path {
 		http.NotFound(w, r)
 		return
+	}
+	if s.opts.Token == "" {
+		if refusal := tokenlessRefusal(r); refusal != "" {
+			s.log.Warn("engine connection refused: the engine has no token and serves only loopback peers, no browser page",
+				"remote", r.RemoteAddr, "browser", r.Header.Get("Origin") != "")
+			http.Error(w, refusal, http.StatusForbidden)
+			return
+		}
 	}
 	if !s.authorized(r) {
 		// Which part was wrong is not said: a prober learns nothing.
@@ -140,13 +158,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			protocol.Version, want, describeOffer(offered)), http.StatusUpgradeRequired)
 		return
 	}
-	s.mu.Lock()
-	closing := s.closing
-	s.mu.Unlock()
-	if closing {
-		http.Error(w, "This engine is shutting down; connect to another or retry later.", http.StatusServiceUnavailable)
+	if refusal := s.admit(); refusal != "" {
+		http.Error(w, refusal, http.StatusServiceUnavailable)
 		return
 	}
+	defer s.release()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{want}})
 	if err != nil {
 		// Accept has answered the request itself.
@@ -169,8 +185,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized reports whether the request carries the configured token (any
-// request, when none is configured). The comparison takes the same time
-// whatever the token's first wrong byte.
+// request when none is configured: tokenlessRefusal has vetted the peer).
+// The comparison takes the same time whatever the token's first wrong byte.
 func (s *Server) authorized(r *http.Request) bool {
 	if s.opts.Token == "" {
 		return true

@@ -52,12 +52,17 @@ func (c *conn) open(env protocol.Envelope) {
 	c.mu.Lock()
 	_, live := c.sessions[env.Session]
 	draining, full := c.draining, len(c.sessions) >= c.srv.opts.MaxSessions
-	if !live && !draining && !full && known {
+	opened := !live && !draining && !full && known
+	if opened {
 		s := &session{id: env.Session, model: m, settings: p.Settings}
 		s.ctx, s.cancel = context.WithCancel(c.ctx)
 		c.sessions[env.Session] = s
 	}
 	c.mu.Unlock()
+	if opened {
+		// Called by the read loop, the field's only user.
+		c.inSession = true
+	}
 	switch {
 	case live:
 		c.replyError(env.ID, env.Session, protocol.CodeInvalid, fmt.Sprintf("session %s is already open on this connection", env.Session))
