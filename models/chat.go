@@ -174,7 +174,7 @@ func ListConversations(ctx context.Context, db *gorm.DB, userID uint, query stri
 	if strings.TrimSpace(query) == "" {
 		err = base().Limit(limit).Find(&out).Error
 	} else {
-		out, err = searchConversations(ctx, db, base, query, limit)
+		out, err = searchConversations(ctx, db, userID, base, query, limit)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list conversations: %w", err)
