@@ -94,9 +94,15 @@ const (
 	// PostgreSQL: at most pgMaxOpen sessions per replica, all kept when idle
 	// (three replicas fit in PostgreSQL's default max_connections of 100).
 	pgMaxOpen = 32
-	// SQLite: one writer at a time (WAL); readers in parallel. Open
-	// connections stay unlimited, as before; enough of them are kept.
-	sqliteMaxIdle = 16
+	// SQLite: one writer at a time (WAL); readers in parallel, as many as
+	// sqliteMaxOpen (more would not run sooner: SQLite runs in this
+	// process's threads). Unbounded, a burst of 400 event streams left 383
+	// descriptors on the database's files open for minutes; each
+	// connection holds three (the database, its WAL, its shared memory).
+	// A burst's extra connections close as soon as it is over: only
+	// sqliteMaxIdle stay.
+	sqliteMaxOpen = 16
+	sqliteMaxIdle = 4
 	// An idle connection is closed after this long, so a quiet replica
 	// gives its sessions back.
 	maxIdleTime = 5 * time.Minute
@@ -112,6 +118,7 @@ func setPool(db *gorm.DB, driver string) error {
 		sqlDB.SetMaxOpenConns(pgMaxOpen)
 		sqlDB.SetMaxIdleConns(pgMaxOpen)
 	case "sqlite":
+		sqlDB.SetMaxOpenConns(sqliteMaxOpen)
 		sqlDB.SetMaxIdleConns(sqliteMaxIdle)
 	}
 	sqlDB.SetConnMaxIdleTime(maxIdleTime)
