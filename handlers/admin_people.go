@@ -76,10 +76,11 @@ func (h *Handler) AdminPeople(c *fiber.Ctx) error {
 // sessions are deleted, which ends them on every replica at once (each
 // request reads its session from the database); their keys stop at once on
 // this replica, and on the others when their cached copy expires, within
-// apikey.DefaultCacheTTL. A request of theirs already running — a stream
-// on /v1, a chat reply being generated — was let in when it began and may
-// finish. An admin cannot disable themself: someone must be left who can
-// undo it.
+// apikey.DefaultCacheTTL. What they hold running — requests on /v1, chat
+// replies being written or queued, event streams — ends at once on this
+// replica and within the same time on the others (fairshare.Withdrawals):
+// rows cancelled, person_disabled. An admin cannot disable themself:
+// someone must be left who can undo it.
 func (h *Handler) AdminDisablePerson(c *fiber.Ctx) error {
 	sess, err := h.session(c)
 	if err != nil {
@@ -104,8 +105,9 @@ func (h *Handler) AdminDisablePerson(c *fiber.Ctx) error {
 	// After the commit: a key look-up that read the owner before it is
 	// neither kept nor cached (apikey.Store.ForgetUser).
 	h.APIKeys.ForgetUser(id)
+	held := h.Withdrawals.Withdraw(id)
 	h.Log.Info("person disabled", "user", id, "email", u.Email, "by", sess.UserID, "by_email", sess.User.Email,
-		"sessions_ended", ended)
+		"sessions_ended", ended, "running_ended", held)
 	return h.afterPersonChange(c, sess, id, "disabled")
 }
 

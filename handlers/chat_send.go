@@ -35,7 +35,13 @@ func (h *Handler) ChatSend(c *fiber.Ctx) error {
 	} else if err := h.switchModel(c, sess, id, model); err != nil {
 		return h.composerError(c, err)
 	}
-	if _, err := h.Chat.Send(ctx, p, id, content); err != nil {
+	sent, err := h.Chat.Send(ctx, p, id, content)
+	if le, ok := chat.AsLimit(err); ok && sent.MessageID != "" {
+		// Refused for the person's running answers, but the message and
+		// its refused reply are in the conversation: shown like any
+		// failed answer, with Retry.
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
+	} else if err != nil {
 		return h.composerError(c, err)
 	}
 	if !isHTMX(c) {
@@ -122,6 +128,10 @@ func (h *Handler) composerError(c *fiber.Ctx, err error) error {
 		status, msg = http.StatusConflict, "There is no answer to write again."
 	case errors.Is(err, chat.ErrClosed):
 		status, msg = http.StatusServiceUnavailable, "The server is restarting; try again in a moment."
+	case isLimit(err):
+		le, _ := chat.AsLimit(err)
+		status, msg = http.StatusTooManyRequests, le.Message
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
 	default:
 		h.Log.Error("chat send failed", "path", c.Path(), "err", err)
 		status, msg = http.StatusInternalServerError, "Sending failed. Try again."
@@ -132,4 +142,9 @@ func (h *Handler) composerError(c *fiber.Ctx, err error) error {
 	c.Set("HX-Retarget", "#composer-error")
 	c.Set("HX-Reswap", "outerHTML")
 	return render(c, http.StatusOK, views.ComposerError(msg))
+}
+
+func isLimit(err error) bool {
+	_, ok := chat.AsLimit(err)
+	return ok
 }

@@ -53,6 +53,9 @@ func stringBody(c *fiber.Ctx, field string) (string, bool, error) {
 // conversation, the content only from sending a message).
 func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 	const invalid = "invalid_request_error"
+	if le, ok := chat.AsLimit(err); ok {
+		return limitError(c, le)
+	}
 	switch {
 	case errors.Is(err, chat.ErrNotFound):
 		return apiError(c, http.StatusNotFound, "No such conversation.", invalid, "not_found")
@@ -82,6 +85,13 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 		h.Log.Error("chat request failed", "path", c.Path(), "err", err)
 		return apiError(c, http.StatusInternalServerError, "The request failed.", "server_error", "internal_error")
 	}
+}
+
+// limitError answers a request refused for one of the person's limits:
+// 429 in OpenAI's shape, with its code and Retry-After.
+func limitError(c *fiber.Ctx, le *chat.LimitError) error {
+	c.Set(fiber.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
+	return apiError(c, http.StatusTooManyRequests, le.Message, "requests", le.Code)
 }
 
 // CreateConversation serves POST /api/v1/conversations {"model"}.

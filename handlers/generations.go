@@ -17,6 +17,10 @@ import (
 	"moonji/internal/chat"
 )
 
+// streamRetryAfter is the Retry-After of an event stream refused for the
+// person's open ones: a viewer closing a tab frees one at once.
+const streamRetryAfter = 5
+
 // heartbeatEvery keeps a quiet event stream alive through proxies, and is
 // how a viewer that left is noticed: fasthttp tells nothing until a write
 // fails.
@@ -51,6 +55,16 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 	if err != nil {
 		return h.chatError(c, err)
 	}
+	// One of the person's event streams on this replica, until the
+	// writer below returns; ended at once if an admin disables them.
+	ctx, cancel := context.WithCancel(context.Background())
+	release, ok := h.Streams.Take(p.UserID, cancel)
+	if !ok {
+		cancel()
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(streamRetryAfter))
+		return apiError(c, http.StatusTooManyRequests, "You have too many answers open at once ("+strconv.Itoa(h.Streams.Max())+
+			"): close some tabs, then reload.", "requests", "too_many_streams")
+	}
 	c.Set(fiber.HeaderContentType, "text/event-stream; charset=utf-8")
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set("X-Accel-Buffering", "no") // nginx in front must not buffer the stream
@@ -68,7 +82,7 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 				log.Error("event stream panicked; it alone ends", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			}
 		}()
-		ctx, cancel := context.WithCancel(context.Background())
+		defer release()
 		defer cancel()
 		go func() {
 			select {

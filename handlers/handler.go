@@ -17,6 +17,7 @@ import (
 	"moonji/internal/auth"
 	"moonji/internal/chat"
 	"moonji/internal/clientip"
+	"moonji/internal/fairshare"
 	"moonji/internal/gateway"
 )
 
@@ -47,6 +48,10 @@ type Handler struct {
 	// StreamWriteTimeout ends an event stream whose viewer makes no write
 	// progress for this long (stops reading, keeps the socket).
 	StreamWriteTimeout time.Duration
+	// Streams bounds each person's open event streams on this replica.
+	Streams *fairshare.Holds
+	// Withdrawals end what a person holds once an admin disables them.
+	Withdrawals *fairshare.Withdrawals
 
 	// keyCreation makes counting a person's keys and creating one a single
 	// step on this replica, so that parallel forms cannot pass the count together.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -33,6 +34,10 @@ func (h *Handler) History(c *fiber.Ctx) error {
 		status, d.Error = http.StatusBadRequest, "The search is too long."
 	case errors.Is(err, chat.ErrBadCursor):
 		status, d.Error = http.StatusBadRequest, "That page of the list does not exist; start from the first."
+	case isLimit(err):
+		le, _ := chat.AsLimit(err)
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(le.RetryAfterSeconds()))
+		status, d.Error = http.StatusTooManyRequests, le.Message
 	case err != nil:
 		return err
 	}

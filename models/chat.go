@@ -246,9 +246,18 @@ var ErrBusy = errors.New("a reply is still being generated in this conversation"
 // conversation) backs that count against any other writer; its refusal is
 // ErrBusy too.
 func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string) error {
+	return StartExchangeWithin(ctx, db, c, user, reply, title, ReplyCap{})
+}
+
+// StartExchangeWithin is StartExchange for a person bound by rc: when they
+// have rc.Max replies streaming already, both messages are stored all the
+// same — nothing the person wrote is lost — the reply as an error with
+// rc.Refusal, and it returns ErrTooManyReplies.
+func StartExchangeWithin(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string, rc ReplyCap) error {
 	user.Sanitize()
 	reply.Sanitize()
-	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	refused := false
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error; err != nil {
 			return fmt.Errorf("touch conversation: %w", err)
 		}
@@ -259,6 +268,14 @@ func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, repl
 		}
 		if n > 0 {
 			return ErrBusy
+		}
+		full, err := rc.reached(tx)
+		if err != nil {
+			return err
+		}
+		if full {
+			refused = true
+			reply.Status, reply.Reason, reply.Replica = MessageError, Storable(rc.Refusal, 200), ""
 		}
 		if err := tx.Create(user).Error; err != nil {
 			return fmt.Errorf("store message: %w", err)
@@ -276,6 +293,10 @@ func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, repl
 		}
 		return nil
 	})
+	if err == nil && refused {
+		return ErrTooManyReplies
+	}
+	return err
 }
 
 // SaveMessageContent stores the partial content of a streaming message.

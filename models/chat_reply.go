@@ -16,8 +16,9 @@ var ErrNoReply = errors.New("no reply to replace")
 // ReplaceLastReply deletes the last message of conversation c, which must
 // be an assistant's reply that has ended, and stores reply (streaming) in
 // its place, in one transaction that fails with ErrBusy while a reply
-// streams there.
-func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *Message) error {
+// streams there, and with ErrTooManyReplies, changing nothing, when the
+// person has rc.Max replies streaming already.
+func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *Message, rc ReplyCap) error {
 	reply.Sanitize()
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Touch the conversation first: a plain write takes SQLite's write
@@ -38,6 +39,11 @@ func ReplaceLastReply(ctx context.Context, db *gorm.DB, c *Conversation, reply *
 			return ErrBusy
 		case last.Role != RoleAssistant:
 			return ErrNoReply
+		}
+		if full, err := rc.reached(tx); err != nil {
+			return err
+		} else if full {
+			return ErrTooManyReplies
 		}
 		res := tx.Where("id = ? AND status <> ?", last.ID, MessageStreaming).Delete(&Message{})
 		if res.Error != nil {

@@ -29,7 +29,7 @@ func TestReplaceLastReply(t *testing.T) {
 				inf := "inf_" + NewMessageID()
 				reply := &Message{ID: NewMessageID(), ConversationID: conv.ID, Role: RoleAssistant, Status: MessageStreaming, InferenceID: &inf}
 				<-start
-				errs[i] = ReplaceLastReply(ctx, db, conv, reply)
+				errs[i] = ReplaceLastReply(ctx, db, conv, reply, ReplyCap{})
 			}()
 		}
 		close(start)
@@ -50,13 +50,13 @@ func TestReplaceLastReply(t *testing.T) {
 		// While it streams: busy.
 		inf := "inf_x"
 		if err := ReplaceLastReply(ctx, db, conv, &Message{ID: NewMessageID(), ConversationID: conv.ID, Role: RoleAssistant,
-			Status: MessageStreaming, InferenceID: &inf}); !errors.Is(err, ErrBusy) {
+			Status: MessageStreaming, InferenceID: &inf}, ReplyCap{}); !errors.Is(err, ErrBusy) {
 			t.Errorf("while streaming: %v", err)
 		}
 		// Only a person's message last, or nothing: no reply to replace.
 		lone := seedConversation(t, db, 1, "lone", time.Now(), "just a question")
 		if err := ReplaceLastReply(ctx, db, lone, &Message{ID: NewMessageID(), ConversationID: lone.ID, Role: RoleAssistant,
-			Status: MessageStreaming}); !errors.Is(err, ErrNoReply) {
+			Status: MessageStreaming}, ReplyCap{}); !errors.Is(err, ErrNoReply) {
 			t.Errorf("no reply: %v", err)
 		}
 	})

@@ -235,3 +235,20 @@ func likeContains(filter string) string {
 	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 	return "%" + r.Replace(NormalizeEmail(StorableText(filter))) + "%"
 }
+
+// DisabledAmong returns those of people an admin has disabled.
+func DisabledAmong(ctx context.Context, db *gorm.DB, people []uint) ([]uint, error) {
+	var out []uint
+	// In pieces: a statement's parameters are bounded (SQLite: 32,766).
+	for len(people) > 0 {
+		n := min(len(people), 500)
+		var ids []uint
+		err := db.WithContext(ctx).Model(&User{}).Where("id IN ? AND disabled_at IS NOT NULL", people[:n]).Pluck("id", &ids).Error
+		if err != nil {
+			return nil, fmt.Errorf("find disabled people: %w", err)
+		}
+		out = append(out, ids...)
+		people = people[n:]
+	}
+	return out, nil
+}

@@ -576,7 +576,8 @@ func TestChatAPIRefusesBadInput(t *testing.T) {
 
 // Rename, list (newest first, pages, title search), export and delete.
 func TestChatConversationLifecycle(t *testing.T) {
-	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db")
+	// 53 conversations at once: past the default per-minute limit.
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db", func(c *config.Config) { c.Limits.ConversationsPerMinute = 1000 })
 	p := e.chatter("ivy@example.com")
 	e.mockBody(map[string]any{"tokens": 3})
 	var ids []string

@@ -24,6 +24,7 @@ import (
 	"moonji/internal/chat"
 	"moonji/internal/config"
 	"moonji/internal/enginelink"
+	"moonji/internal/fairshare"
 	"moonji/internal/gateway"
 	"moonji/internal/health"
 	"moonji/internal/journal"
@@ -284,19 +285,30 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		ErrorHandler:    s.errorHandler,
 	})
 	markUnread(s.App.Server())
+	lim := cfg.Limits
 	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID,
 		ContextTokens: cfg.Chat.ContextTokens, Log: log.With("component", "chat"),
 		Render: markdown.Render,
 		Stop: func(ctx context.Context, id string) error {
 			_, err := s.Stops.RequestSeen(ctx, id, -1)
 			return err
-		}})
+		},
+		Limits: chat.Limits{GenerationsPerPerson: lim.ChatGenerationsPerPerson, ConversationsPerMinute: lim.ConversationsPerMinute,
+			ConversationsPerPerson: lim.ConversationsPerPerson, SearchesPerMinute: lim.SearchesPerMinute},
+		Limiter: limiter})
 	// Closed before the stop service, the ledger and the database (closers
 	// run in reverse): stopped replies are saved through all three.
 	s.closers = append(s.closers, s.Chat.Close)
+	streams := fairshare.New(lim.EventStreamsPerPerson)
+	withdrawals := &fairshare.Withdrawals{Holders: []fairshare.Holder{s.Gateway, streams}, Every: apikey.DefaultCacheTTL,
+		Log: log, Disabled: func(ctx context.Context, people []uint) ([]uint, error) { return models.DisabledAmong(ctx, db, people) }}
+	wctx, stopWithdrawals := context.WithCancel(context.Background())
+	go withdrawals.Run(wctx)
+	s.closers = append(s.closers, stopWithdrawals)
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
-			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout}
+			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout,
+		Streams: streams, Withdrawals: withdrawals}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"html"
 	"log/slog"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"gorm.io/gorm"
 
 	"moonji/internal/gateway"
+	"moonji/internal/ratelimit"
 	"moonji/models"
 )
 
@@ -70,7 +72,11 @@ type Options struct {
 	// Keep is how long a finished generation's log stays for late viewers
 	// (default one minute; the database has the text after).
 	Keep time.Duration
-	Log  *slog.Logger
+	// Limits bound what one person may hold; Limiter counts the
+	// per-minute ones (nil: those are not counted).
+	Limits  Limits
+	Limiter *ratelimit.Limiter
+	Log     *slog.Logger
 }
 
 // Service runs the chat of one replica.
@@ -132,8 +138,18 @@ func (s *Service) Create(ctx context.Context, p Person, model string) (*models.C
 	if !slices.Contains(s.o.Gateway.Models(), model) {
 		return nil, ErrUnknownModel
 	}
+	lim := s.o.Limits
+	if err := s.allow(ctx, p, "conversations", lim.ConversationsPerMinute, CodeTooManyConversations,
+		fmt.Sprintf("You started %d conversations in the last minute, the most allowed: wait a moment.", lim.ConversationsPerMinute)); err != nil {
+		return nil, err
+	}
 	c := &models.Conversation{ID: models.NewConversationID(), UserID: p.UserID, Model: model}
-	if err := models.CreateConversation(ctx, s.o.DB, c); err != nil {
+	err := models.CreateConversationWithin(ctx, s.o.DB, c, lim.ConversationsPerPerson)
+	if errors.Is(err, models.ErrTooManyConversations) {
+		return nil, &LimitError{Code: CodeTooManyConversations, RetryAfter: time.Minute,
+			Message: fmt.Sprintf("You keep %d conversations, the most allowed: delete some first.", lim.ConversationsPerPerson)}
+	}
+	if err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -161,6 +177,15 @@ func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (
 	after, err := parseCursor(cursor)
 	if err != nil {
 		return Page{}, err
+	}
+	if query != "" {
+		// A search reads the full-text index: counted, unlike the plain
+		// list every page draws.
+		n := s.o.Limits.SearchesPerMinute
+		if err := s.allow(ctx, Person{UserID: userID}, "searches", n, CodeTooManySearches,
+			fmt.Sprintf("You searched %d times in the last minute, the most allowed: wait a moment.", n)); err != nil {
+			return Page{}, err
+		}
 	}
 	rows, err := models.ListConversations(ctx, s.o.DB, userID, query, after, PageSize+1)
 	if err != nil {
@@ -308,7 +333,7 @@ func (s *Service) Send(ctx context.Context, p Person, id, content string) (Sent,
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleUser,
 		Content: content, Status: models.MessageDone}
 	return s.start(ctx, p, conv, func(reply *models.Message) error {
-		return models.StartExchange(ctx, s.o.DB, conv, user, reply, titleOf(content))
+		return models.StartExchangeWithin(ctx, s.o.DB, conv, user, reply, titleOf(content), s.replyCap(p))
 	})
 }
 

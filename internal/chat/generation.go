@@ -268,6 +268,8 @@ func readableReason(reason string) string {
 		return "The model could not be reached."
 	case "upstream_stream_error":
 		return "The model reported an error."
+	case "person_disabled":
+		return "Your access was withdrawn by an administrator."
 	case "":
 		return "The answer failed."
 	default:

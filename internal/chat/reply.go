@@ -21,7 +21,7 @@ func (s *Service) Regenerate(ctx context.Context, p Person, id string) (Sent, er
 		return Sent{}, err
 	}
 	return s.start(ctx, p, conv, func(reply *models.Message) error {
-		err := models.ReplaceLastReply(ctx, s.o.DB, conv, reply)
+		err := models.ReplaceLastReply(ctx, s.o.DB, conv, reply, s.replyCap(p))
 		if errors.Is(err, models.ErrNoReply) {
 			return ErrNothingToRegenerate
 		}
@@ -72,6 +72,15 @@ func (s *Service) start(ctx context.Context, p Person, conv *models.Conversation
 		delete(s.running, conv.ID)
 		delete(s.live, g.id)
 		s.mu.Unlock()
+		if errors.Is(err, models.ErrTooManyReplies) {
+			// Refused before it took a slot or a queue place. A send's
+			// messages are stored, the reply as this error.
+			sent := Sent{InferenceID: g.id}
+			if reply.Status == models.MessageError {
+				sent.MessageID = reply.ID
+			}
+			return sent, s.refuseGeneration(p, g.id, conv.Model)
+		}
 		return Sent{}, err
 	}
 	body, err := s.requestBody(ctx, conv, reply.ID, extra)

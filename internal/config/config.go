@@ -87,6 +87,7 @@ type Config struct {
 	CORS           CORS     `yaml:"cors"`
 	Keys           Keys     `yaml:"keys"`
 	Chat           Chat     `yaml:"chat"`
+	Limits         Limits   `yaml:"limits"`
 	// Engine configures `moonji engine`; the gateway ignores it.
 	Engine Engine `yaml:"engine"`
 }
@@ -120,6 +121,31 @@ type Chat struct {
 	// always sent.
 	ContextTokens int `yaml:"context_tokens"`
 }
+
+// Limits bound what one person may hold of everyone's share (admins
+// included): each 0 takes its default.
+type Limits struct {
+	// ChatGenerationsPerPerson bounds a person's chat replies being written
+	// or waiting for a slot at once, across every replica; past it a reply
+	// is refused (429 too_many_generations) before it takes a slot or a
+	// queue place.
+	ChatGenerationsPerPerson int `yaml:"chat_generations_per_person"`
+	// EventStreamsPerPerson bounds a person's open event streams (a reply
+	// followed live) on each replica; past it 429 too_many_streams.
+	EventStreamsPerPerson int `yaml:"event_streams_per_person"`
+	// ConversationsPerMinute and ConversationsPerPerson bound how fast a
+	// person creates conversations and how many they keep (429
+	// too_many_conversations).
+	ConversationsPerMinute int `yaml:"conversations_per_minute"`
+	ConversationsPerPerson int `yaml:"conversations_per_person"`
+	// SearchesPerMinute bounds a person's history searches (429
+	// too_many_searches).
+	SearchesPerMinute int `yaml:"searches_per_minute"`
+}
+
+// Defaults of the per-person limits.
+var DefaultLimits = Limits{ChatGenerationsPerPerson: 4, EventStreamsPerPerson: 16, ConversationsPerMinute: 30,
+	ConversationsPerPerson: 10000, SearchesPerMinute: 60}
 
 // DefaultChatContextTokens fits the context window of most small models.
 const DefaultChatContextTokens = 8192
@@ -389,6 +415,19 @@ func (c *Config) applyDefaults() {
 	if c.Chat.ContextTokens == 0 {
 		c.Chat.ContextTokens = DefaultChatContextTokens
 	}
+	l, d := &c.Limits, DefaultLimits
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{
+		{&l.ChatGenerationsPerPerson, d.ChatGenerationsPerPerson}, {&l.EventStreamsPerPerson, d.EventStreamsPerPerson},
+		{&l.ConversationsPerMinute, d.ConversationsPerMinute}, {&l.ConversationsPerPerson, d.ConversationsPerPerson},
+		{&l.SearchesPerMinute, d.SearchesPerMinute},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
 	if len(c.Backends) == 0 && len(c.Models) == 0 {
 		c.Backends = []Backend{{Name: "demo", Kind: KindBuiltin, TokensPerSecond: 30}}
 		c.Models = []Model{{Name: DemoModel, Backend: "demo"}}
@@ -499,6 +538,13 @@ func (c *Config) Validate() error {
 	for i, o := range c.CORS.AllowedOrigins {
 		if !validOrigin(o) {
 			bad(fmt.Sprintf("cors.allowed_origins[%d]", i), "want an origin such as https://app.example.com (scheme, host, optional port; no path), got %q", o)
+		}
+	}
+	for key, v := range map[string]int{"limits.chat_generations_per_person": c.Limits.ChatGenerationsPerPerson,
+		"limits.event_streams_per_person": c.Limits.EventStreamsPerPerson, "limits.conversations_per_minute": c.Limits.ConversationsPerMinute,
+		"limits.conversations_per_person": c.Limits.ConversationsPerPerson, "limits.searches_per_minute": c.Limits.SearchesPerMinute} {
+		if v < 0 {
+			bad(key, "must not be negative (0 takes the default)")
 		}
 	}
 	if c.Keys.MaxPerPerson < 0 {

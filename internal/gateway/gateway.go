@@ -24,6 +24,7 @@ import (
 
 	"moonji/internal/admission"
 	"moonji/internal/connwatch"
+	"moonji/internal/fairshare"
 	"moonji/internal/ledger"
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
@@ -146,6 +147,9 @@ type Gateway struct {
 	// stream to its inference id while it runs on this replica, so that
 	// POST /v1/responses/{id}/cancel finds it.
 	running sync.Map
+	// people holds the requests running or queued here by person, so
+	// that a person whose access is withdrawn loses them (EndPerson).
+	people *fairshare.Holds
 
 	// backends are the backends in configuration order, with the models
 	// each serves; fixed at New, so Backends reads them without a lock.
@@ -179,7 +183,7 @@ type Options struct {
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
 		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log,
-		sched: o.Scheduler}
+		sched: o.Scheduler, people: fairshare.New(0)}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -307,10 +311,19 @@ type Response struct {
 
 // Cancellation causes, told apart when the upstream call ends early.
 var (
-	errClientLeft    = errors.New("client disconnected")
-	errClientStalled = errors.New("client stopped reading")
-	errStopped       = errors.New("stopped by request")
+	errClientLeft     = errors.New("client disconnected")
+	errClientStalled  = errors.New("client stopped reading")
+	errStopped        = errors.New("stopped by request")
+	errPersonDisabled = errors.New("the person's access was withdrawn")
 )
+
+// EndPerson cancels every request of person running or queued on this
+// replica (an admin disabled them): each ends cancelled, person_disabled.
+// It returns how many there were.
+func (g *Gateway) EndPerson(person uint) int { return g.people.EndPerson(person) }
+
+// People returns the people with requests running or queued here.
+func (g *Gateway) People() []uint { return g.people.People() }
 
 // NewInferenceID returns a fresh id for a request.
 func NewInferenceID() string { return newID() }
@@ -502,6 +515,7 @@ type exchange struct {
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	watch    *connwatch.Watcher
+	untrack  func() // ends the request's place among its person's (Gateway.people)
 	slot     *admission.Slot
 	stopRun  *stop.Run
 	firstTok time.Time
@@ -675,6 +689,10 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 	return true, nil
 }
 
+// personDisabledMessage answers a request whose person was disabled while
+// it ran.
+const personDisabledMessage = "Your access was withdrawn by an administrator while this request ran."
+
 // clientWatchDelay is how long a request for a whole answer runs before
 // its client's connection is watched (connwatch.WatchAfter). Most requests
 // of a busy gateway with a fast engine are answered sooner and never pay
@@ -693,6 +711,9 @@ func (x *exchange) start() {
 	x.hasBegun = true
 	x.queuedAt = time.Now()
 	x.begun = x.g.ledger.Begin(x.row)
+	if uid := x.call.Principal.UserID; uid != 0 {
+		x.untrack, _ = x.g.people.Take(uid, func() { x.cancel(errPersonDisabled) })
+	}
 	if x.call.Conn != nil {
 		delay := clientWatchDelay
 		if x.req.Stream {
@@ -781,9 +802,15 @@ func (x *exchange) whole(resp *http.Response) *Response {
 		x.row.Reason = "upstream_" + strconv.Itoa(resp.StatusCode)
 		x.row.UsageSource = models.UsageNone
 	}
-	if cause := context.Cause(x.ctx); errors.Is(cause, errClientLeft) {
+	switch cause := context.Cause(x.ctx); {
+	case errors.Is(cause, errClientLeft):
 		// The answer came, but the client had left before it.
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_disconnected"
+	case errors.Is(cause, errPersonDisabled):
+		// The answer came, but its person lost their access meanwhile.
+		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeCancelled, "person_disabled", http.StatusForbidden
+		x.finish()
+		return x.reply(http.StatusForbidden, personDisabledMessage, "invalid_request_error", "person_disabled")
 	}
 	x.row.Status = resp.StatusCode
 	if x.translate && resp.StatusCode == http.StatusOK {
@@ -918,6 +945,8 @@ func (x *exchange) closing(res *proxy.RelayResult) []byte {
 	case x.row.Outcome == models.OutcomeStopped:
 		x.tr.SetUsage(x.row.PromptTokens, x.row.CompletionTokens)
 		return x.tr.End(responses.Stopped)
+	case x.row.Reason == "person_disabled" && res.ClientErr == nil:
+		return x.tr.End(personDisabledMessage)
 	case x.row.Outcome == models.OutcomeSuccess, x.row.Outcome == models.OutcomeCancelled,
 		res.ClientErr != nil, res.EngineError != "":
 		return nil // ended by the translation, or nobody left to tell
@@ -974,6 +1003,12 @@ func (x *exchange) closingFrames(res *proxy.RelayResult) []byte {
 	case errors.Is(cause, errClientStalled):
 		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "client_stalled"
 		return nil
+	case errors.Is(cause, errPersonDisabled):
+		x.row.Outcome, x.row.Reason = models.OutcomeCancelled, "person_disabled"
+		if res.ClientErr != nil {
+			return nil
+		}
+		return proxy.ErrorFrames(x.req.API, res.Seq+1, personDisabledMessage, "invalid_request_error", "person_disabled")
 	case errors.Is(cause, context.DeadlineExceeded) || errors.Is(x.ctx.Err(), context.DeadlineExceeded):
 		x.row.Outcome, x.row.Reason = models.OutcomeError, "upstream_timeout"
 		if res.ClientErr != nil {
@@ -1083,6 +1118,11 @@ func (x *exchange) upstreamFailed(err error) *Response {
 		x.estimatePrompt()
 		x.finish()
 		return x.reply(499, "The client closed the request.", "invalid_request_error", "client_closed_request")
+	case errors.Is(cause, errPersonDisabled):
+		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeCancelled, "person_disabled", http.StatusForbidden
+		x.estimatePrompt()
+		x.finish()
+		return x.reply(http.StatusForbidden, personDisabledMessage, "invalid_request_error", "person_disabled")
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(cause, context.DeadlineExceeded):
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "upstream_timeout", http.StatusGatewayTimeout
 		x.finish()
@@ -1247,6 +1287,9 @@ func (x *exchange) release() {
 	x.watch.Stop()
 	if x.slot != nil {
 		x.slot.Release()
+	}
+	if x.untrack != nil {
+		x.untrack()
 	}
 	x.cancel(nil)
 }
