@@ -67,23 +67,32 @@ func TestMigrateKeepsTables(t *testing.T) {
 		if err := db.Create(&Usage{InferenceID: "inf_1", Outcome: OutcomeSuccess, Model: "m", Source: "api"}).Error; err != nil {
 			t.Fatal(err)
 		}
-		var changes []string
-		record := func(tx *gorm.DB) {
-			q := strings.ToUpper(strings.TrimSpace(tx.Statement.SQL.String()))
-			for _, verb := range []string{"CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE"} {
-				if strings.HasPrefix(q, verb) {
-					changes = append(changes, tx.Statement.SQL.String())
-				}
-			}
-		}
-		if err := db.Callback().Raw().After("gorm:raw").Register("test:record", record); err != nil {
-			t.Fatal(err)
-		}
-		if err := Migrate(db); err != nil {
-			t.Fatal(err)
-		}
+		changes := migrationWrites(t, db, "CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE")
 		for _, c := range changes {
 			t.Errorf("Migrate of an up-to-date schema ran %s", c)
 		}
 	})
+}
+
+// migrationWrites runs Migrate on db and returns the statements it ran that
+// start with one of verbs.
+func migrationWrites(t *testing.T, db *gorm.DB, verbs ...string) []string {
+	t.Helper()
+	var changes []string
+	record := func(tx *gorm.DB) {
+		q := strings.ToUpper(strings.TrimSpace(tx.Statement.SQL.String()))
+		for _, verb := range verbs {
+			if strings.HasPrefix(q, verb) {
+				changes = append(changes, tx.Statement.SQL.String())
+			}
+		}
+	}
+	if err := db.Callback().Raw().After("gorm:raw").Register("test:record", record); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = db.Callback().Raw().Remove("test:record") }()
+	if err := Migrate(db); err != nil {
+		t.Fatal(err)
+	}
+	return changes
 }

@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -167,21 +166,7 @@ func TestMigrateReplacesOldSearchIndex(t *testing.T) {
 		if got := search(t, db, 1, "narwhal"); len(got) != 1 {
 			t.Errorf("a message after the migration: %q", got)
 		}
-		var changes []string
-		record := func(tx *gorm.DB) {
-			q := strings.ToUpper(strings.TrimSpace(tx.Statement.SQL.String()))
-			for _, verb := range []string{"CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE", "LOCK"} {
-				if strings.HasPrefix(q, verb) {
-					changes = append(changes, tx.Statement.SQL.String())
-				}
-			}
-		}
-		if err := db.Callback().Raw().After("gorm:raw").Register("test:record", record); err != nil {
-			t.Fatal(err)
-		}
-		if err := Migrate(db); err != nil {
-			t.Fatal(err)
-		}
+		changes := migrationWrites(t, db, "CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE", "LOCK")
 		for _, c := range changes {
 			t.Errorf("the second migration ran %s", c)
 		}

@@ -171,17 +171,10 @@ func TestEventStreamsPerPersonAreCapped(t *testing.T) {
 	}
 	// A stream closed by its viewer gives its place back.
 	open[0]()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitFor(t, "a closed stream's place to come back", 20*time.Second, func() bool {
 		_, resp := p.follow(ctx, s.InferenceID, "")
-		if resp.StatusCode == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a closed stream's place never came back: %d", resp.StatusCode)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return resp.StatusCode == http.StatusOK
+	})
 	// Stop the reply so that the streams end.
 	if st, body := p.do(http.MethodPost, "/api/v1/inference/stop", `{"inference_id":"`+s.InferenceID+`"}`); st != http.StatusOK {
 		t.Fatalf("stop: %d %s", st, body)
