@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -54,13 +53,14 @@ func (e *testEnv) rowsWithReason(reason string) int64 {
 // and a 429 too_many_generations for each other one, before it takes a
 // slot or a queue place (the engine sees 4), each refused reply saved as
 // that error beside its message, one rejected row each; the next person is
-// served.
+// served. The greedy replies last until the test stops them, so a slow
+// machine spreading the 20 sends over seconds cannot let a fifth in.
 func TestOnePersonCannotTakeEveryonesQueue(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, db string) {
 		e := startEnv(t, db, func(c *config.Config) {
-			c.Backends[0].MaxConcurrency, c.Backends[0].MaxQueue = 4, 4
+			c.Backends[0].MaxConcurrency, c.Backends[0].MaxQueue = 5, 4
 		})
-		e.mockBody(map[string]any{"tokens": 20, "tps": 20}) // about a second each
+		e.mockBody(map[string]any{"tokens": 2000, "tps": 20}) // until stopped
 		greedy, next := e.chatter("greedy@example.com"), e.chatter("next@example.com")
 		convs := make([]string, 20)
 		for i := range convs {
@@ -82,11 +82,13 @@ func TestOnePersonCannotTakeEveryonesQueue(t *testing.T) {
 		}
 		wg.Wait()
 		accepted, refused := 0, 0
-		var refusedConvs []string
+		var refusedConvs, acceptedConvs, running []string
 		for i, a := range answers {
 			switch {
 			case a.status == http.StatusAccepted:
 				accepted++
+				acceptedConvs = append(acceptedConvs, convs[i])
+				running = append(running, gjson.Get(a.body, "inference_id").Str)
 			case a.status == http.StatusTooManyRequests && gjson.Get(a.body, "error.code").Str == "too_many_generations" && a.retryAfter != "":
 				refused++
 				refusedConvs = append(refusedConvs, convs[i])
@@ -118,6 +120,7 @@ func TestOnePersonCannotTakeEveryonesQueue(t *testing.T) {
 			t.Errorf("%d rows too_many_generations, want 17", n)
 		}
 		// The next person is served, while the greedy one's replies run.
+		e.mockBody(map[string]any{"tokens": 4})
 		nc := next.newConversation()
 		next.send(nc, "my turn")
 		if m := next.reply(nc); m.Status != models.MessageDone {
@@ -127,9 +130,14 @@ func TestOnePersonCannotTakeEveryonesQueue(t *testing.T) {
 			t.Errorf("the engine got %d requests, want 4 + 1", n)
 		}
 		// Once the four have ended, the greedy person may send again.
-		for _, conv := range convs {
-			if !slices.Contains(refusedConvs, conv) {
-				greedy.reply(conv)
+		for _, id := range running {
+			if st, body := greedy.do(http.MethodPost, "/api/v1/inference/stop", `{"inference_id":"`+id+`"}`); st != http.StatusOK {
+				t.Fatalf("stop %s: %d %s", id, st, body)
+			}
+		}
+		for _, conv := range acceptedConvs {
+			if m := greedy.reply(conv); m.Status == models.MessageStreaming {
+				t.Fatalf("a stopped reply still streams: %+v", m)
 			}
 		}
 		if st, body, _ := greedy.sendStatus(refusedConvs[0], "again"); st != http.StatusAccepted {
