@@ -5,6 +5,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# make test-image runs this line as written (scripts/test-image.sh reads it).
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/moonji . && mkdir -p /out/data
 
 # Run: no shell, no package manager, a non-root user, data on a volume.

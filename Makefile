@@ -6,7 +6,7 @@ BIN     := bin/moonji
 # run, without it.
 RACE    := $(shell command -v gcc >/dev/null 2>&1 && echo -race)
 
-.PHONY: all build run test deps test-go test-e2e test-engine generate bench clean
+.PHONY: all build run test deps test-go test-image test-e2e test-engine generate bench clean
 
 all: build
 
@@ -19,7 +19,7 @@ run:
 generate:
 	cd views && $(GO) tool templ generate -path .
 
-test: deps build test-go test-e2e
+test: deps build test-go test-image test-e2e
 
 deps: node_modules/.installed
 	@scripts/ensure-chromium.sh
@@ -30,10 +30,18 @@ node_modules/.installed: package.json package-lock.json
 
 # Every Go test runs once, under the race detector when a C compiler is
 # there: the gateway is all goroutines (streams, stops, the ledger writer,
-# watchers).
+# watchers). The darwin build and vet keep `go run . serve` working on a Mac.
 test-go:
 	$(GO) vet ./...
+	GOOS=darwin GOARCH=arm64 $(GO) build ./...
+	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
 	$(GO) test -count=1 $(RACE) ./...
+
+# The Dockerfile is not built here (no Docker daemon): its build line is run
+# as written and the binary started as the image's non-root user with the
+# image's ENV, and must answer /healthz and /readyz.
+test-image:
+	scripts/test-image.sh
 
 test-e2e: build node_modules/.installed
 	npx playwright test

@@ -17,18 +17,9 @@ import (
 	"syscall"
 
 	"moonji/internal/cli"
-	"moonji/internal/sysmon"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "serve" {
-		// Runs the program again, in this process, with the Go runtime's
-		// monitor kept out of its deep sleep: a quarter of the gateway's
-		// CPU at 1,000 req/s (package sysmon). Before anything is opened.
-		if err := sysmon.KeepAwake(); err != nil {
-			fmt.Fprintf(os.Stderr, "moonji: %v; serving with the runtime's default\n", err)
-		}
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -58,8 +58,7 @@ func Open(dbURL string) (*gorm.DB, error) {
 		// mode a connection drops its whole cache when another one has
 		// committed since its last read (the ledger commits several times
 		// a second), so a large cache bought little. Measured: ~2–3 MB less
-		// RSS at 1,000 req/s, the dashboards on a million rows unchanged
-		// (BENCHMARKS.md §25).
+		// RSS at 1,000 req/s, the dashboards on a million rows unchanged.
 		// _txlock=immediate: a transaction takes the write lock at BEGIN.
 		// A deferred one that reads first (the search index's triggers do)
 		// and then writes fails at once with "database is locked" when
@@ -68,9 +67,6 @@ func Open(dbURL string) (*gorm.DB, error) {
 		dsn += sep + "_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)&_pragma=cache_size(-256)"
 		keepAllocatorPages()
 		db, err = gorm.Open(sqlite.Open(dsn), gcfg)
-		if err == nil {
-			err = lendWhileQuerying(db)
-		}
 	case "postgres":
 		db, err = gorm.Open(postgres.Open(dsn), gcfg)
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"moonji/internal/config"
-	"moonji/internal/exepages"
 	"moonji/internal/mockllm"
 	"moonji/web"
 )
@@ -55,7 +54,6 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("moonji is listening", "url", cfg.PublicURL, "addr", ln.Addr().String(), "models", models)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	go releaseStartupPages(log)
 	select {
 	case err = <-errc:
 	case <-ctx.Done():
@@ -63,18 +61,6 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	srv.Shutdown(15 * time.Second)
 	return err
-}
-
-// releaseStartupPages lets go of the executable's pages that start-up
-// touched and serving does not use (package exepages): ~10 MB of a busy
-// gateway's resident memory (BENCHMARKS.md §24).
-func releaseStartupPages(log *slog.Logger) {
-	n, err := exepages.Release()
-	if err != nil {
-		log.Warn("could not release the executable's start-up pages", "err", err)
-		return
-	}
-	log.Info("released the executable's start-up pages", "bytes", n)
 }
 
 // startPprof serves Go's profiler on addr (MOONJI_PPROF, e.g.

@@ -16,17 +16,19 @@
 //     closed answers data with an RST. Before the answer starts, the watcher
 //     writes an interim response (HTTP/1.1 102) that any HTTP/1.1 client must
 //     accept; after it starts, the answer's own bytes are the probe.
+//
+// Telling bytes-then-FIN from bytes alone needs the socket's TCP state,
+// which only Linux gives (TCP_INFO); elsewhere the watch uses only portable
+// calls and a client that sent bytes after its request and then left is
+// noticed when the answer is written, not before. On systems without
+// Berkeley sockets (Windows) nothing is watched.
 package connwatch
 
 import (
-	"errors"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // InterimProbe is the probe for an HTTP/1.1 client that has half-closed
@@ -75,6 +77,9 @@ func Watch(conn net.Conn, probe []byte, onClose func()) *Watcher {
 // end a watch; a peer that left meanwhile is noticed when the watch starts
 // (its FIN or RST is already there), so at most delay + startTick late.
 func WatchAfter(delay time.Duration, conn net.Conn, probe []byte, onClose func()) *Watcher {
+	if !watchable {
+		return nil
+	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil
@@ -243,82 +248,3 @@ func (w *Watcher) Stop() {
 // RestoredDeadline is the read deadline a connection gets when a watch
 // ends; the server sets its own when it next reads a request.
 const RestoredDeadline = 2 * time.Minute
-
-// peerGone blocks until the peer is gone (true) or the watch is stopped
-// (false).
-func (w *Watcher) peerGone(rc syscall.RawConn) bool {
-	var gone bool
-	err := rc.Read(func(fd uintptr) bool {
-		gone = w.check(int(fd))
-		return gone
-	})
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		// The poller reported an error on the socket: look once more.
-		_ = rc.Control(func(fd uintptr) { gone = w.check(int(fd)) })
-	}
-	return gone
-}
-
-// check looks at the socket without consuming anything and reports whether
-// the peer is gone. Returning false parks the watcher until the socket's
-// next change: the poller is edge-triggered, so bytes already seen do not
-// wake it again, but a FIN or an RST does.
-func (w *Watcher) check(fd int) bool {
-	var buf [1]byte
-	n, _, err := syscall.Recvfrom(fd, buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	switch {
-	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
-		return false // nothing pending: the client is there
-	case err != nil:
-		return true // reset by peer, or another fatal socket error
-	case n > 0:
-		// Bytes are waiting unread; the TCP state tells whether a FIN or an
-		// RST came after them.
-		switch tcpState(fd) {
-		case unix.BPF_TCP_ESTABLISHED:
-			return false
-		case unix.BPF_TCP_CLOSE_WAIT:
-			return w.finished(fd)
-		default:
-			return true
-		}
-	}
-	return w.finished(fd) // n == 0: a FIN with nothing before it
-}
-
-// finished handles a peer that will send nothing more: gone, or half-closed
-// and still reading. It reports true only when that cannot be found out.
-func (w *Watcher) finished(fd int) bool {
-	if tcpState(fd) == unix.BPF_TCP_CLOSE {
-		return true
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.canProbe {
-		return true
-	}
-	if w.probed {
-		return false // probed already: an RST will wake the watcher
-	}
-	w.probed = true
-	if w.probe != nil {
-		// The socket has had nothing written yet, so this small write goes
-		// straight into its empty buffer; a peer that closed answers with
-		// an RST, which wakes the watcher.
-		if _, err := syscall.Write(fd, w.probe); err != nil && !errors.Is(err, syscall.EAGAIN) {
-			return true
-		}
-	}
-	// After StopProbing, the answer's own bytes are the probe.
-	return false
-}
-
-// tcpState returns the socket's TCP state (unix.BPF_TCP_*), or
-// BPF_TCP_CLOSE when it cannot be read.
-func tcpState(fd int) uint8 {
-	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-	if err != nil {
-		return unix.BPF_TCP_CLOSE
-	}
-	return info.State
-}

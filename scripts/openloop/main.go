@@ -31,7 +31,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"golang.org/x/sys/unix"
 )
 
 type headers []string
@@ -165,9 +164,7 @@ func pace(n int, start time.Time, interval time.Duration, due chan<- int) {
 	defer runtime.UnlockOSThread()
 	for i := range n {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-			ts := unix.NsecToTimespec(wait.Nanoseconds())
-			for unix.Nanosleep(&ts, &ts) == unix.EINTR {
-			}
+			sleepFor(wait)
 		}
 		due <- i
 	}
