@@ -13,7 +13,7 @@ import (
 // values, which json.Unmarshal reads back as the same row (readOld does).
 // It is written by hand because it is on every request's path before its
 // answer starts: json.Marshal's reflection took ~35 µs of a stream's first
-// byte on a process waking from idle (BENCHMARKS.md §20).
+// byte on a process waking from idle.
 // TestRecordReadsBackAsMarshal keeps the two in step, field by field.
 func appendRow(b []byte, u *models.Usage) ([]byte, error) {
 	if !marshalable(u.CreatedAt) || (u.FinishedAt != nil && !marshalable(*u.FinishedAt)) {

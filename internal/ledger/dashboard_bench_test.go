@@ -21,8 +21,8 @@ import (
 // ledger of 1,000,000 rows spread over 30 days (200 people, 400 keys, six
 // models, every outcome), on SQLite and, with MOONJI_TEST_POSTGRES_DSN, on
 // PostgreSQL. It is a benchmark, not a check: it runs only with
-// MOONJI_BENCH_DASHBOARD=1 and prints p50/p95/max per query and per page
-// (BENCHMARKS.md §11):
+// MOONJI_BENCH_DASHBOARD=1 and prints p50/p95/max per query and per page,
+// to show that the pages stay fast however large the ledger grows:
 //
 //	MOONJI_BENCH_DASHBOARD=1 go test -run DashboardQueriesAtAMillionRows -v -timeout 30m ./internal/ledger/
 //

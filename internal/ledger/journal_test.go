@@ -63,8 +63,17 @@ func TestJournaledShortRequestIsOneInsert(t *testing.T) {
 		if j.Open() != 1 {
 			t.Errorf("journal open = %d", j.Open())
 		}
-		time.Sleep(3 * linger) // well past the linger: nothing is written yet
-		if n := count(t, l); n != 0 {
+		// A row queued after the Begin is written in the Begin's batch or a
+		// later one, and the pending row stays deferred all the same.
+		other := row("other")
+		other.Outcome = models.OutcomeRejected
+		l.Record(other)
+		waitUntil(t, "the other row, written", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return rows == 1
+		})
+		if n := count(t, l); n != 1 {
 			t.Fatalf("%d rows before the Finish; the pending row should wait", n)
 		}
 		done := r
@@ -75,14 +84,14 @@ func TestJournaledShortRequestIsOneInsert(t *testing.T) {
 		waitUntil(t, "the final row, written", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return rows > 0 && count(t, l) == 1
+			return rows > 1 && count(t, l) == 2
 		})
 		if u := get(t, l, "short"); u.Outcome != models.OutcomeSuccess || u.CompletionTokens != 5 {
 			t.Errorf("row = %+v", u)
 		}
 		mu.Lock()
-		if rows != 1 {
-			t.Errorf("%d rows written for one request, want one final insert", rows)
+		if rows != 2 {
+			t.Errorf("%d rows written for one request and one rejection, want one final insert each", rows)
 		}
 		mu.Unlock()
 		if _, ok := l.Running("short"); ok {
@@ -141,23 +150,40 @@ func TestFlushAndCloseWriteDeferredRows(t *testing.T) {
 	})
 }
 
-// Many requests at once, of every length: one row each, the right one.
+// Many requests at once, short and long: one row each, the right one. The
+// short ones finish at once (one final insert each); the long ones once
+// their pending row is written, which their Finish then updates.
 func TestJournaledManyRequests(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, dbURL string) {
 		l, j, _ := openJournaled(t, dbURL, 20*time.Millisecond)
 		const n = 400
-		var wg sync.WaitGroup
+		long := make(chan struct{})
+		var wg, begun sync.WaitGroup
+		begun.Add(n)
 		for i := range n {
 			wg.Go(func() {
 				r := row(fmt.Sprintf("r%03d", i))
 				if err := <-l.Begin(r); err != nil {
 					t.Error(err)
 				}
-				time.Sleep(time.Duration(i%50) * time.Millisecond)
+				begun.Done()
+				if i%2 == 1 {
+					<-long
+				}
 				r.Outcome, r.CompletionTokens = models.OutcomeSuccess, i
 				l.Finish(r)
 			})
 		}
+		begun.Wait()
+		waitUntil(t, "the long requests' pending rows, written", func() bool {
+			for i := 1; i < n; i += 2 {
+				if _, ok := l.Running(fmt.Sprintf("r%03d", i)); ok {
+					return false
+				}
+			}
+			return true
+		})
+		close(long)
 		wg.Wait()
 		if err := l.Flush(context.Background()); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,6 +50,15 @@ func BenchmarkRecord(b *testing.B) {
 			b.ReportMetric(float64(machineCPU()-machine0)/float64(time.Microsecond)/float64(i), "machine-cpu-µs/row")
 		})
 	}
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // machineCPU is the CPU time every core of the machine has spent busy

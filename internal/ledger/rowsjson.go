@@ -22,7 +22,7 @@ import (
 // a dozen page faults per statement, and binding hundreds of parameters
 // costs more than the rows' B-tree work. Measured with BenchmarkRecord:
 // ~105 µs of CPU per row as 16-row INSERTs, half of it in the kernel,
-// against ~60 µs this way (BENCHMARKS.md §17). SQLite still keeps a
+// against ~60 µs this way. SQLite still keeps a
 // statement journal for these statements inside a transaction (a function
 // call may fail midway), whose 1 KiB chunks are freed when the statement
 // ends: models.keepAllocatorPages keeps the pages they come from mapped.
@@ -31,7 +31,7 @@ import (
 // reflection, and pgx encoded a parameter per column: 32–37 µs of the
 // gateway's CPU and 49 allocations per row in BenchmarkRecord, against 17
 // µs and 4 this way; the machine's CPU per row, the server's included, 56–63
-// → 45–50 µs (BENCHMARKS.md §34). One statement text per kind of write
+// → 45–50 µs. One statement text per kind of write
 // also means one prepared statement each in pgx's cache, whatever the
 // number of rows.
 //
@@ -76,16 +76,11 @@ type jsonRows struct {
 
 // pgStatementRows is the most rows one statement writes on PostgreSQL (a
 // batch is at most maxBatch rows). The server's backend spends ~21 µs a row
-// on a statement, wherever the kernel runs it — on a gateway's own core too,
-// at the priority of its request threads (another session's process; the
-// committer's low priority does not reach it). At 5,000 req/s a batch of 256
-// rows made every 51 ms (maxBatch ops) was ~5 ms of the backend's work in one
-// piece, and requests arriving meanwhile waited behind it: a burst of slow
-// requests at each batch. In statements of 32 rows the backend works in
-// pieces of under a millisecond, and the next piece is sent only when the
-// committer runs — when the request threads leave it the core (slow log at
-// 5,000 req/s: bursts of 10 or more slow requests 111–120 → 28–45 in 10 s;
-// the backend's CPU the same; BENCHMARKS.md §39).
+// on a statement, wherever the kernel runs it — on a gateway's own core too.
+// A batch of 256 rows in one statement was ~5 ms of the backend's work in
+// one piece, and requests arriving meanwhile waited behind it; in statements
+// of 32 rows the backend works in pieces of under a millisecond, with the
+// gateway's threads free to run between them.
 const pgStatementRows = 32
 
 var (
