@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -28,6 +29,18 @@ func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend,
 	for _, b := range cfg.Backends {
 		gb := &gateway.Backend{Name: b.Name, Kind: b.Kind,
 			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
+		probes := probeClient
+		if b.CAFile != "" {
+			// A private CA signed the engine's certificate: its requests
+			// and its probes trust that CA alone.
+			roots, err := proxy.LoadCAFile(b.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("backend %s: %w", b.Name, err)
+			}
+			gb.Upstream.RootCAs = roots
+			probes = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute,
+				TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		}
 		var probe func(context.Context) error
 		switch b.Kind {
 		case config.KindBuiltin:
@@ -54,7 +67,7 @@ func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend,
 				return nil
 			}
 		default:
-			probe = health.HTTPProbe(probeClient, b.URL, b.APIKey)
+			probe = health.HTTPProbe(probes, b.URL, b.APIKey)
 		}
 		name := b.Name
 		s.Metrics.BackendUp.WithLabelValues(name).Set(1)

@@ -5,6 +5,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -186,6 +187,11 @@ type Backend struct {
 	MaxQueue       int           `yaml:"max_queue"`
 	QueueTimeout   time.Duration `yaml:"queue_timeout"`
 	Timeout        time.Duration `yaml:"timeout"`
+	// CAFile is a PEM file of the certificates that an https engine's
+	// certificate must chain to, instead of the system's roots: for an
+	// engine whose certificate a private CA signed (openai backends only).
+	// A relative path is from the working directory.
+	CAFile string `yaml:"ca_file"`
 	// APIs are the OpenAI APIs the engine serves: chat, responses,
 	// embeddings, completions (default [chat]; a builtin backend serves
 	// all four, an engine backend only chat). /v1/responses also works on
@@ -588,6 +594,13 @@ func (c *Config) Validate() error {
 		default:
 			bad(key+".kind", "unknown kind %q (want %q, %q or %q)", b.Kind, KindOpenAI, KindBuiltin, KindEngine)
 		}
+		if b.CAFile != "" {
+			if u, err := url.Parse(b.URL); b.Kind != KindOpenAI || err != nil || u.Scheme != "https" {
+				bad(key+".ca_file", "is for an openai backend whose url is https, got kind %q and url %q", b.Kind, b.URL)
+			} else if err := checkCAFile(b.CAFile); err != nil {
+				bad(key+".ca_file", "%v", err)
+			}
+		}
 		if b.MaxConcurrency < 1 {
 			bad(key+".max_concurrency", "must be at least 1")
 		}
@@ -683,6 +696,19 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCAFile tells that a backend's ca_file can be read and holds at
+// least one PEM certificate.
+func checkCAFile(path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(raw) {
+		return fmt.Errorf("%s holds no PEM certificate (want one or more -----BEGIN CERTIFICATE----- blocks)", path)
+	}
+	return nil
 }
 
 // isLoopbackURL reports whether an absolute URL names a loopback host.

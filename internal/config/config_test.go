@@ -1,6 +1,13 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -228,5 +235,49 @@ func TestSeveralBackendsPerModel(t *testing.T) {
 	_, err = load("lease_ttl: 100ms\n" + backends + "models:\n  - {name: m, backend: a}\n")
 	if err == nil || !strings.Contains(err.Error(), "lease_ttl") {
 		t.Errorf("lease_ttl 100ms: err = %v", err)
+	}
+}
+
+// A backend's ca_file must be a readable file holding a PEM certificate,
+// on an openai backend whose url is https.
+func TestCAFile(t *testing.T) {
+	dir := t.TempDir()
+	// A real certificate, so that the check parses it as the client will.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"}, IsCA: true,
+		BasicConstraintsValid: true, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "ca.pem")
+	os.WriteFile(good, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	notPEM := filepath.Join(dir, "ca.der")
+	os.WriteFile(notPEM, der, 0o600)
+
+	load := func(backend string) (*Config, error) {
+		path := filepath.Join(t.TempDir(), "m.yaml")
+		os.WriteFile(path, []byte("backends:\n  - "+backend+"\nmodels: [{name: m, backend: a}]\n"), 0o600)
+		return Load(path)
+	}
+	c, err := load("{name: a, url: https://engine.internal/v1, ca_file: " + good + "}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Backends[0].CAFile != good {
+		t.Errorf("ca_file = %q", c.Backends[0].CAFile)
+	}
+	for _, tc := range []struct{ backend, want string }{
+		{"{name: a, url: https://engine.internal/v1, ca_file: " + filepath.Join(dir, "missing.pem") + "}", "backends[0].ca_file: open "},
+		{"{name: a, url: https://engine.internal/v1, ca_file: " + notPEM + "}", "backends[0].ca_file: " + notPEM + " holds no PEM certificate"},
+		{"{name: a, url: http://engine.internal/v1, ca_file: " + good + "}", "backends[0].ca_file: is for an openai backend whose url is https"},
+		{"{name: a, kind: engine, url: wss://engine.internal/engine, ca_file: " + good + "}", "backends[0].ca_file: is for an openai backend"},
+	} {
+		if _, err := load(tc.backend); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.backend, err, tc.want)
+		}
 	}
 }

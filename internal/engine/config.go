@@ -30,6 +30,12 @@ func ModelsFromConfig(cfg *config.Config, log *slog.Logger) (models []Model, sto
 	timeouts := map[string]time.Duration{}
 	for _, b := range cfg.Backends {
 		up := proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}
+		if b.CAFile != "" {
+			if up.RootCAs, err = proxy.LoadCAFile(b.CAFile); err != nil {
+				stop()
+				return nil, nil, fmt.Errorf("backend %s: %w", b.Name, err)
+			}
+		}
 		if b.Kind == config.KindBuiltin {
 			srv, url, err := startBuiltin(cfg, b, log)
 			if err != nil {

@@ -1,8 +1,3 @@
-// Package proxy forwards OpenAI-compatible requests to an inference engine.
-// The request body stays raw JSON: only model, stream and stream_options are
-// read or set, everything else passes through untouched (vLLM's
-// chat_template_kwargs, explicit nulls, fields nobody knows yet). Streamed
-// answers are relayed frame by frame, byte for byte.
 package proxy
 
 import (

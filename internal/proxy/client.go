@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 )
 
@@ -14,6 +16,24 @@ type Upstream struct {
 	Name    string
 	BaseURL string
 	APIKey  string
+	// RootCAs, when set, are the only certificates an https engine's
+	// chain may end in, instead of the system's roots: a backend's ca_file
+	// (LoadCAFile), for an engine whose certificate a private CA signed.
+	RootCAs *x509.CertPool
+}
+
+// LoadCAFile reads the PEM certificates of a file (a backend's ca_file)
+// into a pool for Upstream.RootCAs. A file that holds none is an error.
+func LoadCAFile(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA file %s: no PEM certificate in it", path)
+	}
+	return pool, nil
 }
 
 // Client calls engines. One is shared by all backends: it keeps
@@ -83,7 +103,7 @@ func (c *Client) PostSent(ctx context.Context, up Upstream, api API, body []byte
 }
 
 func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte, sent func()) (*http.Response, error) {
-	tg, err := c.t.target(up.BaseURL)
+	tg, err := c.t.target(up.BaseURL, up.RootCAs)
 	if err != nil {
 		return nil, &UpstreamError{Status: http.StatusBadGateway, Backend: up.Name, Err: fmt.Errorf("base URL %q: %w", up.BaseURL, err)}
 	}

@@ -383,7 +383,7 @@ const (
 // keys. The payload is read through an unsafe string view of the frame
 // buffer: nothing that points into it outlives this call.
 func classify(frame []byte, res *RelayResult) frameKind {
-	payload := dataPayload(frame)
+	payload := DataPayload(frame)
 	if len(payload) == 0 {
 		return frameOther
 	}
@@ -488,7 +488,7 @@ func classify(frame []byte, res *RelayResult) frameKind {
 // whether it carries content, ends the stream (with the usage of the
 // response it carries), or reports an error.
 func classifyEvent(frame []byte, res *RelayResult) frameKind {
-	payload := dataPayload(frame)
+	payload := DataPayload(frame)
 	if len(payload) == 0 {
 		return frameOther
 	}
@@ -558,9 +558,11 @@ func isEmptyArray(raw string) bool {
 	return strings.TrimSpace(raw[1:len(raw)-1]) == ""
 }
 
-// dataPayload returns the value of the frame's first data line, without the
-// "data:" field name, its optional space and the line end.
-func dataPayload(frame []byte) []byte {
+// DataPayload returns the value of a server-sent event frame's first data
+// line, without the "data:" field name, its optional space and the line
+// end; nil when the frame has no data line (a comment or a keep-alive).
+// Engines write each chunk on one data line.
+func DataPayload(frame []byte) []byte {
 	for len(frame) > 0 {
 		line := frame
 		if i := bytes.IndexByte(frame, '\n'); i >= 0 {

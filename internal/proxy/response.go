@@ -18,7 +18,7 @@ import (
 // (Content-Length, Transfer-Encoding, Connection). Every other header is
 // read past, not kept: net/http's copy of them into a map of canonical
 // names was a fifth of the bytes a proxied request allocated, and the
-// gateway sends the client none of them (BENCHMARKS.md §24).
+// gateway sends the client none of them.
 //
 // It refuses what it does not understand rather than guess, as net/http
 // does: a malformed status line or header, a Transfer-Encoding other than

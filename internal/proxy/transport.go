@@ -20,11 +20,12 @@ import (
 	"time"
 )
 
-// transport is the engine client's HTTP/1.1 connection pool. net/http's
-// Transport keeps two goroutines and a write buffer per connection for its
-// life, and hands every response over between goroutines; a gateway holds
-// one connection per running stream, so that was 2 of the 4 goroutines per
-// open stream (BENCHMARKS.md §13). Here a request is written and its
+// transport is the engine client's HTTP/1.1 connection pool (its limits
+// are in doc.go). net/http's Transport keeps two goroutines and a write
+// buffer per connection for its life, and hands every response over
+// between goroutines; a gateway holds one connection per running stream,
+// so those two goroutines were half of the goroutines, and much of the
+// memory, that an open stream cost. Here a request is written and its
 // answer read on the caller's goroutine, and cancelling the context closes
 // the connection through context.AfterFunc, which costs no goroutine while
 // it waits. The answer's status and the few headers the gateway uses are
@@ -35,9 +36,7 @@ type transport struct {
 	idle    map[string][]*engineConn // per target, oldest first
 	nIdle   int
 	sweeper *time.Timer
-	targets sync.Map // base URL → *target
-	// rootCAs, when set, replaces the system's roots (tests).
-	rootCAs *x509.CertPool
+	targets sync.Map // targetKey → *target
 }
 
 // Pool limits, as the net/http Transport had them.
@@ -62,16 +61,22 @@ func newTransport() *transport {
 
 // target is an engine base URL, parsed once.
 type target struct {
-	key        string // scheme://host:port, the pool's key
-	tls        bool
-	hostPort   string
-	host       string // Host header
-	serverName string
-	path       string // base path, without a trailing slash
+	key      string      // scheme://host:port (and the roots, if its own), the pool's key
+	tls      *tls.Config // nil: plain HTTP
+	hostPort string
+	host     string // Host header
+	path     string // base path, without a trailing slash
 }
 
-func (t *transport) target(base string) (*target, error) {
-	if v, ok := t.targets.Load(base); ok {
+// targetKey is what a target is parsed from.
+type targetKey struct {
+	base  string
+	roots *x509.CertPool // nil: the system's
+}
+
+func (t *transport) target(base string, roots *x509.CertPool) (*target, error) {
+	k := targetKey{base, roots}
+	if v, ok := t.targets.Load(k); ok {
 		return v.(*target), nil
 	}
 	u, err := url.Parse(strings.TrimRight(base, "/"))
@@ -88,22 +93,34 @@ func (t *transport) target(base string) (*target, error) {
 	if port == "" {
 		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 	}
-	tg := &target{tls: u.Scheme == "https", hostPort: net.JoinHostPort(u.Hostname(), port),
-		host: u.Host, serverName: u.Hostname(), path: u.EscapedPath()}
+	tg := &target{hostPort: net.JoinHostPort(u.Hostname(), port), host: u.Host, path: u.EscapedPath()}
 	tg.key = u.Scheme + "://" + tg.hostPort
-	t.targets.Store(base, tg)
+	if u.Scheme == "https" {
+		// ALPN offers HTTP/1.1 alone, so that an engine that also speaks
+		// HTTP/2 answers in HTTP/1.1.
+		tg.tls = &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}, RootCAs: roots}
+		if roots != nil {
+			// A connection checked against one backend's CAs is not
+			// another's to take, even to the same host.
+			tg.key += fmt.Sprintf(" roots=%p", roots)
+		}
+	}
+	t.targets.Store(k, tg)
 	return tg, nil
 }
 
 // engineConn is one connection to an engine.
 type engineConn struct {
 	net.Conn
-	ar     *answerReader // sends a request, then reads its answer
 	br     *bufio.Reader
 	lim    limitedReader
 	key    string
 	reused bool
 	idleAt time.Time
+	// out and outBufs hold a request while it is written: fields, so that
+	// writing one allocates nothing.
+	out     net.Buffers
+	outBufs [2][]byte
 	// rest is the last answer's body when the answer was over but the
 	// body's end had not arrived when it was closed (engineBody.close): it
 	// is read when the connection is next taken (finishAnswer).
@@ -163,16 +180,19 @@ func (t *transport) roundTrip(ctx context.Context, tg *target, method string, he
 			return nil, err
 		}
 		resp.Body = &engineBody{rc: resp.Body, ctx: ctx, ec: ec, t: t, stop: stop,
-			reusable: !resp.Close && (resp.ContentLength >= 0 || isChunked(resp)) && method != http.MethodHead}
+			reusable: !resp.Close && (resp.ContentLength >= 0 || isChunked(resp)) && method != http.MethodHead &&
+				resp.StatusCode != http.StatusSwitchingProtocols}
 		return resp, nil
 	}
 }
 
 // exchange writes the request and reads the answer's status and headers.
 func (ec *engineConn) exchange(method string, header, body []byte, sent func()) (*http.Response, error) {
-	// Written by the first read of the answer (answerReader).
-	if err := ec.ar.send(header, body, sent); err != nil {
+	if err := ec.write(header, body); err != nil {
 		return nil, err
+	}
+	if sent != nil {
+		sent()
 	}
 	ec.lim.n = maxResponseHeader
 	defer func() { ec.lim.n = -1 }()
@@ -188,6 +208,19 @@ func (ec *engineConn) exchange(method string, header, body []byte, sent func()) 
 		}
 		return resp, nil
 	}
+}
+
+// write writes a request's header and body, in one writev(2) on a plain
+// connection (net.Buffers), in two writes over TLS.
+func (ec *engineConn) write(header, body []byte) error {
+	ec.outBufs = [2][]byte{header, body}
+	ec.out = ec.outBufs[:1]
+	if len(body) > 0 {
+		ec.out = ec.outBufs[:2]
+	}
+	_, err := ec.out.WriteTo(ec.Conn)
+	ec.out, ec.outBufs = nil, [2][]byte{} // a kept connection holds no request
+	return err
 }
 
 func isStale(err error) bool {
@@ -253,16 +286,16 @@ func (t *transport) dial(ctx context.Context, tg *target) (*engineConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if tg.tls {
-		tc := tls.Client(c, &tls.Config{ServerName: tg.serverName, NextProtos: []string{"http/1.1"}, RootCAs: t.rootCAs})
+	if tg.tls != nil {
+		tc := tls.Client(c, tg.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			c.Close()
 			return nil, err
 		}
 		c = tc
 	}
-	ec := &engineConn{Conn: c, key: tg.key, ar: newAnswerReader(c)}
-	ec.lim = limitedReader{r: ec.ar, n: -1}
+	ec := &engineConn{Conn: c, key: tg.key}
+	ec.lim = limitedReader{r: c, n: -1}
 	ec.br = bufio.NewReaderSize(&ec.lim, connReadBuffer)
 	return ec, nil
 }

@@ -253,10 +253,14 @@ func TestTransportTLS(t *testing.T) {
 	if _, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, nil); err == nil {
 		t.Fatal("an untrusted certificate was accepted")
 	}
-	c.t.rootCAs = srvPool(srv)
-	status, body := call(t, c, srv.URL)
-	if status != 200 || !strings.HasPrefix(body, "secure 127.0.0.1:") {
-		t.Fatalf("%d %q", status, body)
+	resp, err := c.Post(context.Background(), Upstream{Name: "e", BaseURL: srv.URL + "/v1", RootCAs: srvPool(srv)}, APIChat, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "secure 127.0.0.1:") {
+		t.Fatalf("%d %q", resp.StatusCode, body)
 	}
 }
 
@@ -368,8 +372,8 @@ func TestTransportFrameBuffered(t *testing.T) {
 // TestPostSentRunsWhileTheEngineWorks: PostSent's sent runs once the
 // request is written and before its answer is waited for — here the engine
 // answers only after sent ran — for a small request, one larger than the
-// socket takes at once, and over TLS (no descriptor to wait on); and not
-// at all for a request that could not be written.
+// socket takes at once, and over TLS; and not at all for a request that
+// could not be written.
 func TestPostSentRunsWhileTheEngineWorks(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -385,22 +389,20 @@ func TestPostSentRunsWhileTheEngineWorks(t *testing.T) {
 	defer plain.Close()
 	tls := httptest.NewTLSServer(h)
 	defer tls.Close()
-	tlsClient := NewClient()
-	tlsClient.t.rootCAs = srvPool(tls)
 
 	for _, c := range []struct {
 		name, url string
-		client    *Client
+		roots     *x509.CertPool
 		size      int
 	}{
-		{"small", plain.URL, NewClient(), 100},
-		{"larger than the socket", plain.URL, NewClient(), 8 << 20},
-		{"tls", tls.URL, tlsClient, 100},
+		{"small", plain.URL, nil, 100},
+		{"larger than the socket", plain.URL, nil, 8 << 20},
+		{"tls", tls.URL, srvPool(tls), 100},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			body := []byte(`{"model":"` + strings.Repeat("m", c.size) + `"}`)
 			calls := 0
-			resp, err := c.client.PostSent(context.Background(), Upstream{Name: "e", BaseURL: c.url + "/v1"}, APIChat, body, func() {
+			resp, err := NewClient().PostSent(context.Background(), Upstream{Name: "e", BaseURL: c.url + "/v1", RootCAs: c.roots}, APIChat, body, func() {
 				calls++
 				ran <- struct{}{}
 			})
@@ -609,4 +611,133 @@ func endlessEngine(t *testing.T, frames string) (url string, accepted *atomic.In
 		}
 	}()
 	return "http://" + ln.Addr().String(), accepted, closed
+}
+
+// A request larger than the socket takes at once is written whole, and an
+// engine that answers before it has read the whole request (here after its
+// first bytes) ends the request, with its answer or a failed write.
+func TestTransportLargeRequest(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 16<<20)
+	body := append(append([]byte(`{"model":"m","pad":"`), big...), `"}`...)
+	for _, early := range []bool{false, true} {
+		srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if early {
+				w.Header().Set("Connection", "close")
+				w.WriteHeader(http.StatusRequestEntityTooLarge)
+				io.WriteString(w, "too large")
+				return
+			}
+			n, _ := io.Copy(io.Discard, r.Body)
+			io.WriteString(w, strings.Repeat("n", int(n%7)))
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := NewClient().Post(ctx, Upstream{Name: "e", BaseURL: srv.URL + "/v1"}, APIChat, body)
+		if early && err != nil {
+			// The engine closed while the request was still going out:
+			// a failed write is as good an end as its answer.
+			if ctx.Err() != nil {
+				t.Fatalf("early: the failed write waited for the deadline: %v", err)
+			}
+			cancel()
+			continue
+		}
+		if err != nil {
+			cancel()
+			t.Fatalf("early=%v: %v", early, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		want, status := strings.Repeat("n", len(body)%7), 200
+		if early {
+			want, status = "too large", http.StatusRequestEntityTooLarge
+		}
+		if err != nil || resp.StatusCode != status || string(got) != want {
+			t.Fatalf("early=%v: %d %q %v, want %d %q", early, resp.StatusCode, got, err, status, want)
+		}
+	}
+}
+
+// An engine that closes the connection without answering is an error at
+// once, not a wait until the deadline.
+func TestTransportEngineHangsUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Read(make([]byte, 4096))
+			conn.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = NewClient().Post(ctx, Upstream{Name: "e", BaseURL: "http://" + ln.Addr().String() + "/v1"}, APIChat, []byte(`{"model":"m"}`))
+	var ue *UpstreamError
+	if !errors.As(err, &ue) || ue.Status != http.StatusBadGateway || ctx.Err() != nil {
+		t.Fatalf("an engine that hangs up: %v (context: %v), want a 502 before the deadline", err, ctx.Err())
+	}
+}
+
+// Writing a request and reading its answer's bytes on a kept connection
+// allocates nothing: the request's vector is the connection's.
+func TestTransportWriteAllocatesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\nok")
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		// Raw reads: the engine must not allocate either, as allocations
+		// are counted for the whole program. A request comes in one writev.
+		buf := make([]byte, 4096)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				return
+			}
+			if _, err := conn.Write(answer); err != nil {
+				return
+			}
+		}
+	}()
+	tr := newTransport()
+	tg, err := tr.target("http://"+ln.Addr().String()+"/v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := tr.dial(context.Background(), tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Conn.Close()
+	header := requestHeader(nil, http.MethodPost, tg, "/chat/completions", "", 2)
+	body := []byte("{}")
+	got := make([]byte, len(answer))
+	exchange := func() {
+		if err := ec.write(header, body); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(ec.br, got); err != nil || !bytes.Equal(got, answer) {
+			t.Fatalf("answer %q, %v", got, err)
+		}
+	}
+	exchange() // the connection's first use sets up its poll descriptor
+	if n := testing.AllocsPerRun(200, exchange); n != 0 {
+		t.Errorf("%.1f allocations a request, want 0", n)
+	}
+	if ec.outBufs[0] != nil || ec.outBufs[1] != nil || ec.out != nil {
+		t.Error("the connection keeps the last request's buffers")
+	}
 }

@@ -1,27 +1,5 @@
 package responses
 
-import "bytes"
-
-// dataPayload returns the value of a frame's first data line, without the
-// "data:" field name, its optional space and the line end; nil when the
-// frame has no data line (a comment or a keep-alive). Engines write each
-// chunk on one data line.
-func dataPayload(frame []byte) []byte {
-	for len(frame) > 0 {
-		line := frame
-		if i := bytes.IndexByte(frame, '\n'); i >= 0 {
-			line, frame = frame[:i], frame[i+1:]
-		} else {
-			frame = nil
-		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
-		if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			return bytes.TrimPrefix(rest, []byte(" "))
-		}
-	}
-	return nil
-}
-
 // event begins a Responses event frame: its event line, and its data up to
 // the sequence number, which counts the stream's events from 0. The caller
 // appends the event's other members and ends it with endEvent.

@@ -6,6 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/jsonguard"
+	"moonji/internal/proxy"
 )
 
 // Stopped is the reason End takes for a stream the user stopped.
@@ -65,7 +66,7 @@ func (s *Stream) Frame(frame []byte) []byte {
 	}
 	s.out = s.out[:0]
 	s.start()
-	switch payload := dataPayload(frame); {
+	switch payload := proxy.DataPayload(frame); {
 	case payload == nil:
 		// A comment or a keep-alive.
 	case string(payload) == "[DONE]":
