@@ -22,7 +22,7 @@ import (
 // request as waiting) or the store failed (the scheduler is then degraded).
 func (s *Scheduler) acquireShared(p *Pool, cands []lease.Backend, arrival, now time.Time) (sl *Slot, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
-	i, l, err := s.shared.Acquire(ctx, lease.Request{Queue: p.name, Candidates: cands, Arrival: arrival, Fresh: true})
+	i, l, err := s.shared.Acquire(ctx, lease.Request{Queue: p.name, Candidates: cands, Arrival: arrival})
 	cancel()
 	if err != nil {
 		s.sharedFailed(err)

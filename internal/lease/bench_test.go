@@ -3,13 +3,15 @@ package lease
 import (
 	"context"
 	"testing"
+
+	"moonji/internal/testredis"
 )
 
 // BenchmarkAcquireRelease measures the Redis slot path of one request: one
 // Acquire and one Release, against the real Redis of MOONJI_TEST_REDIS_URL
 // when set, otherwise miniredis.
 func BenchmarkAcquireRelease(b *testing.B) {
-	be := latencyBackend(b)
+	be := testredis.Best(b)
 	r := newReplica(b, be, "bench", replicaConfig{})
 	cands := []Backend{{Name: "x", Max: 1 << 20, Weight: 1}, {Name: "y", Max: 1 << 20, Weight: 1}}
 	ctx := context.Background()

@@ -11,17 +11,15 @@
 // leases lapse within TTL and the slots come back on their own. Renewal is
 // per replica, not per request: one script every TTL/3 extends everything
 // the replica holds, so a request costs one EVALSHA to acquire and at most
-// one to release, whatever its length, and nothing per token. A release
-// given with ReleaseSoon usually costs none: the replica's next acquire
-// carries it, and only when none comes within 20 ms of that release is it
-// sent alone (together with others released up to 10 ms after it), or at
-// once when someone starts to wait for the backend. Each lease lingers
-// for its own 20 ms, so at a steady rate the slots released last stay to
-// be handed on (below) while those no request took go back. A request that nobody
-// on its replica waits ahead of costs none either when a slot of its
-// backend was released there a moment ago and nobody waits for the
-// backend anywhere: the lease passes from the one request to the next
-// (Store.handOver), still held in Redis and renewed as before.
+// one to release, whatever its length, and nothing per token.
+//
+// A release given with ReleaseSoon usually costs no call of its own: the
+// lease stops being renewed at once and its release is queued; the
+// replica's next acquire carries the queued releases in its script, ahead
+// of its own choice (so a waiter on this replica can take the slot just
+// freed), and when no acquire comes within 2 ms the store sends them, all
+// in one call. Until then the slot looks taken to the other replicas,
+// which is why that wait is short and fixed.
 //
 // # Cross-replica FIFO
 //
@@ -36,13 +34,15 @@
 // Each queue is owed at most one slot at a time (its head); when the head is
 // served, its entry moves to the next request's arrival. When a slot is
 // freed and someone waits, the releasing script publishes the backend's name
-// and every replica's Options.OnReleased retries its queues at once; the
-// oldest head wins because the others still see it ahead of them. The order
-// is approximate, and the unfairness bounded: arrivals come from each
-// replica's wall clock, so the order across replicas is only as good as the
-// clocks agree (NTP assumed; arrivals are compared in milliseconds), and a
-// burst of several freed slots can go to newer heads of other queues while
-// the older queue re-asks for its second request.
+// on the release channel, to which every store subscribes (package redissub
+// keeps the subscription alive), and every replica's Options.OnReleased
+// retries its queues at once; the oldest head wins because the others still
+// see it ahead of them. The order is approximate, and the unfairness
+// bounded: arrivals come from each replica's wall clock, so the order
+// across replicas is only as good as the clocks agree (NTP assumed;
+// arrivals are compared in milliseconds), and a burst of several freed
+// slots can go to newer heads of other queues while the older queue re-asks
+// for its second request.
 //
 // # Redis data layout
 //
@@ -53,7 +53,6 @@
 //	P lease-waitexp:<backend>  sorted set: same members, score = expiry of the wait entry (ms, Redis clock)
 //	P lease-replicas           sorted set: member = replica, score = expiry of its liveness (ms, Redis clock)
 //	P lease-released           pub/sub channel: payload = backend name (a slot freed that someone waits for)
-//	P lease-released:waiting   pub/sub channel: payload = backend name (a refused request now waits for it)
 //
 // Every script reads the time with Redis TIME, so replica clock skew cannot
 // shorten or lengthen a lease; only arrivals (an ordering, not a duration)
@@ -65,20 +64,18 @@
 //
 // The scripts:
 //
-//   - acquire: first release the leases given back since the last call
-//     (as release does); then, for each candidate, drop expired leases and
-//     wait entries, compute free as above and, among candidates with
-//     free > 0, pick the least loaded relative to Max×Weight, ties broken
-//     by a random number from Go weighted by Weight. On a grant it adds the
-//     lease and moves the queue's wait entry on every candidate to the next
-//     request's arrival (or removes it); on a refusal it sets the entry to
-//     this request's arrival and announces the backend on the waiting
-//     channel, so that no replica hands a slot of it from one of its own
-//     requests to the next while someone waits.
+//   - acquire: first release the leases ReleaseSoon queued (as release
+//     does); then, for each candidate, drop expired leases and wait
+//     entries, compute free as above and, among candidates with free > 0,
+//     pick the least loaded relative to Max×Weight, ties broken by a random
+//     number from Go weighted by Weight. On a grant it adds the lease and
+//     moves the queue's wait entry on every candidate to the next request's
+//     arrival (or removes it); on a refusal it sets the entry to this
+//     request's arrival.
 //   - release: for each lease, ZREM it and, if anyone waits on the
 //     backend, PUBLISH its name. An uncontended deployment sends no
-//     pub/sub traffic at all: both channels carry only what someone
-//     waits for.
+//     pub/sub traffic at all: the channel carries only what someone waits
+//     for.
 //   - renew (every TTL/3, one call for all backends): refresh the replica's
 //     liveness and count the live replicas, then extend the leases and wait
 //     entries this store holds, only where they still exist (a lease that
@@ -90,6 +87,14 @@
 // Whenever a script frees capacity that someone waits for (expired leases
 // or wait entries removed, a queue's entry dropped or moved later), it
 // publishes the backend's name as release does.
+//
+// # Files
+//
+// store.go holds the types, Start and Close; acquire.go, Acquire and
+// ClearWait; release.go, Release, ReleaseSoon and the flusher that sends
+// queued releases; renew.go, the renewal loop and its housekeeping
+// (leases found gone, orphans: leases whose acquire or release got no
+// answer); scripts.go, the Lua.
 //
 // # Limitations
 //

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/testredis"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -49,20 +51,6 @@ func count(t *testing.T, r *replica, b string) int {
 		t.Fatalf("count %s: %v", b, err)
 	}
 	return n
-}
-
-// eventually polls cond every 10 ms until it holds or within passes.
-func eventually(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // waitList plays a replica's local queue in TestLimitHoldsAcrossReplicas:
@@ -113,10 +101,11 @@ func (l *waitList) wakeOldest() {
 }
 
 // TestLimitHoldsAcrossReplicas runs 100 goroutines on three replicas that
-// take, hold briefly and give back slots of a backend with Max 16, and
-// checks that no more than 16 requests ever hold one at once.
+// take, hold briefly and give back slots of a backend with Max 16 (half of
+// them with ReleaseSoon), and checks that no more than 16 requests ever
+// hold one at once.
 func TestLimitHoldsAcrossReplicas(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		const maxSlots, workers = 16, 100
 		var reps []*replica
 		var lists []*waitList
@@ -132,7 +121,7 @@ func TestLimitHoldsAcrossReplicas(t *testing.T) {
 		// under the race detector: shorter holds would leave it unable to
 		// refill the slots, and the test would never reach the limit.
 		holdMin, holdSpread := 5*time.Millisecond, 20*time.Millisecond
-		if be.mr != nil {
+		if be.Mini != nil {
 			holdMin, holdSpread = 40*time.Millisecond, 80*time.Millisecond
 		}
 		var cur, peak, grants, calls atomic.Int64
@@ -180,7 +169,12 @@ func TestLimitHoldsAcrossReplicas(t *testing.T) {
 						}
 						time.Sleep(holdMin + rand.N(holdSpread))
 						cur.Add(-1)
-						if err := r.store.Release(ctx, l); err != nil {
+						// Half the workers give their slots back as the
+						// scheduler does, queued for the next acquire or the
+						// flusher; the others wait for Redis.
+						if g%2 == 0 {
+							r.store.ReleaseSoon(l)
+						} else if err := r.store.Release(ctx, l); err != nil {
 							t.Errorf("%s: release: %v", r.name, err)
 							return
 						}
@@ -192,22 +186,23 @@ func TestLimitHoldsAcrossReplicas(t *testing.T) {
 		}
 		wg.Wait()
 		t.Logf("%s: %d grants in %d acquires, peak %d held at once (max %d)",
-			be.name, grants.Load(), calls.Load(), peak.Load(), maxSlots)
+			be.Name, grants.Load(), calls.Load(), peak.Load(), maxSlots)
 		if p := peak.Load(); p > maxSlots {
 			t.Fatalf("peak of %d leases held at once, above Max %d", p, maxSlots)
 		}
 		if p := peak.Load(); p < maxSlots/2 {
 			t.Errorf("peak %d: the test did not saturate the backend, so it proves little", p)
 		}
-		if n := count(t, reps[0], "gpu"); n != 0 {
-			t.Errorf("Count after every release = %d, want 0", n)
+		// The last queued releases go within the release delay.
+		if !testredis.WaitFor(2*time.Second, func() bool { return count(t, reps[0], "gpu") == 0 }) {
+			t.Errorf("Count 2s after every release = %d, want 0", count(t, reps[0], "gpu"))
 		}
 		for _, r := range reps {
 			if h := r.store.Held("gpu"); h != 0 {
 				t.Errorf("%s still holds %d leases", r.name, h)
 			}
 		}
-		if n := be.admin.ZCard(testCtx(t), be.prefix+"lease-wait:gpu").Val(); n != 0 {
+		if n := be.Admin.ZCard(testCtx(t), be.Prefix+"lease-wait:gpu").Val(); n != 0 {
 			t.Errorf("%d wait entries left after every request was served", n)
 		}
 	})
@@ -217,7 +212,7 @@ func TestLimitHoldsAcrossReplicas(t *testing.T) {
 // crash would, and checks that its slots come back within TTL while a live
 // replica's leases outlast TTL by far, being renewed.
 func TestDeadReplicaFreesItsSlots(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		const ttl = 600 * time.Millisecond
 		a := newReplica(t, be, "a", replicaConfig{ttl: ttl})
 		b := newReplica(t, be, "b", replicaConfig{ttl: ttl})
@@ -234,7 +229,7 @@ func TestDeadReplicaFreesItsSlots(t *testing.T) {
 			}
 		}
 		heldSince := time.Now()
-		if !eventually(time.Second, func() bool { return b.store.LiveReplicas() == 3 }) {
+		if !testredis.WaitFor(time.Second, func() bool { return b.store.LiveReplicas() == 3 }) {
 			t.Errorf("b sees %d live replicas, want 3", b.store.LiveReplicas())
 		}
 
@@ -245,7 +240,7 @@ func TestDeadReplicaFreesItsSlots(t *testing.T) {
 			t.Fatal("b got a slot while a's leases were still live")
 		}
 		got := 0
-		ok := eventually(ttl+ttl/3+500*time.Millisecond, func() bool {
+		ok := testredis.WaitFor(ttl+ttl/3+500*time.Millisecond, func() bool {
 			for got < 5 {
 				i, _ := mustAcquire(t, b, Request{Queue: "p", Candidates: cands, Arrival: arrival})
 				if i < 0 {
@@ -255,7 +250,7 @@ func TestDeadReplicaFreesItsSlots(t *testing.T) {
 			}
 			return true
 		})
-		t.Logf("%s: a's 5 slots back after %v (TTL %v)", be.name, time.Since(died).Round(time.Millisecond), ttl)
+		t.Logf("%s: a's 5 slots back after %v (TTL %v)", be.Name, time.Since(died).Round(time.Millisecond), ttl)
 		if !ok {
 			t.Fatalf("b got %d of a's 5 slots within TTL + renew interval", got)
 		}
@@ -279,7 +274,7 @@ func TestDeadReplicaFreesItsSlots(t *testing.T) {
 // TestFairnessAcrossReplicas checks that a freed slot goes to the queue that
 // has waited longest, whichever replica it is on.
 func TestFairnessAcrossReplicas(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "a", replicaConfig{})
 		b := newReplica(t, be, "b", replicaConfig{})
 		c := newReplica(t, be, "c", replicaConfig{})
@@ -317,7 +312,7 @@ func TestFairnessAcrossReplicas(t *testing.T) {
 // TestFairnessFollowsNext checks that a queue served with requests behind it
 // stays ahead of a newer queue on another replica, through Request.Next.
 func TestFairnessFollowsNext(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "a", replicaConfig{})
 		b := newReplica(t, be, "b", replicaConfig{})
 		c := newReplica(t, be, "c", replicaConfig{})
@@ -354,7 +349,7 @@ func TestFairnessFollowsNext(t *testing.T) {
 // TestDeadWaiterStopsBlocking checks that a dead replica's wait entry keeps
 // its slot owed only until it lapses, and that ClearWait frees it at once.
 func TestDeadWaiterStopsBlocking(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		const ttl = 600 * time.Millisecond
 		a := newReplica(t, be, "a", replicaConfig{ttl: ttl})
 		b := newReplica(t, be, "b", replicaConfig{ttl: ttl})
@@ -394,11 +389,11 @@ func TestDeadWaiterStopsBlocking(t *testing.T) {
 		if i, _ := mustAcquire(t, b, Request{Queue: "p", Candidates: cands, Arrival: arrival}); i >= 0 {
 			t.Fatal("b took the slot owed to d while d's entry was live")
 		}
-		ok := eventually(ttl+ttl/3+500*time.Millisecond, func() bool {
+		ok := testredis.WaitFor(ttl+ttl/3+500*time.Millisecond, func() bool {
 			i, _ := mustAcquire(t, b, Request{Queue: "p", Candidates: cands, Arrival: arrival})
 			return i == 0
 		})
-		t.Logf("%s: dead waiter stopped blocking after %v (TTL %v)", be.name, time.Since(died).Round(time.Millisecond), ttl)
+		t.Logf("%s: dead waiter stopped blocking after %v (TTL %v)", be.Name, time.Since(died).Round(time.Millisecond), ttl)
 		if !ok {
 			t.Fatal("d's wait entry still blocks b after TTL + renew interval")
 		}
@@ -408,13 +403,13 @@ func TestDeadWaiterStopsBlocking(t *testing.T) {
 // TestWeightedChoice checks the 3:1 split of idle backends weighted 3 and 1,
 // and that a request goes to the least loaded candidate with a free slot.
 func TestWeightedChoice(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		r := newReplica(t, be, "r", replicaConfig{})
 		cands := []Backend{{Name: "x", Max: 100, Weight: 3}, {Name: "y", Max: 100, Weight: 1}}
 		// Fewer rounds on miniredis, whose Lua is slow under the race
 		// detector; the tolerance is five standard deviations either way.
 		n := 4000
-		if be.mr != nil {
+		if be.Mini != nil {
 			n = 1000
 		}
 		tol := 5 * math.Sqrt(0.75*0.25/float64(n))
@@ -428,7 +423,7 @@ func TestWeightedChoice(t *testing.T) {
 			mustRelease(t, r, l)
 		}
 		frac := float64(hits[0]) / float64(n)
-		t.Logf("%s: x (weight 3) %d, y (weight 1) %d: %.3f to x", be.name, hits[0], hits[1], frac)
+		t.Logf("%s: x (weight 3) %d, y (weight 1) %d: %.3f to x", be.Name, hits[0], hits[1], frac)
 		if math.Abs(frac-0.75) > tol {
 			t.Errorf("x got %.3f of %d requests, want 0.75 ± %.3f", frac, n, tol)
 		}
@@ -468,7 +463,7 @@ func TestWeightedChoice(t *testing.T) {
 // reaches its OnReleased, and that releases nobody waits for publish
 // nothing.
 func TestReleasePublishes(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "a", replicaConfig{})
 		b := newReplica(t, be, "b", replicaConfig{})
 		cands := one("gpu", 1)
@@ -518,15 +513,15 @@ func expectReleased(t *testing.T, r *replica, want string) {
 }
 
 // TestReleaseSoon checks the release that does not wait for Redis: the
-// next Acquire carries it (no command of its own), or it is sent alone
-// after the linger, several in one command; at once when someone waited for
-// its backend recently; with the leave at Close; and when the Acquire that
-// carried it got no answer, the next renewal deletes it.
+// next Acquire carries it (no command of its own), or it is sent after the
+// delay, several in one command, and announced to whoever waits; it goes
+// with the leave at Close; and when the Acquire that carried it got no
+// answer, the next renewal deletes it.
 func TestReleaseSoon(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		count := func(t *testing.T, backend string) int {
 			t.Helper()
-			n, err := be.admin.ZCard(testCtx(t), be.prefix+"lease:"+backend).Result()
+			n, err := be.Admin.ZCard(testCtx(t), be.Prefix+"lease:"+backend).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -534,12 +529,12 @@ func TestReleaseSoon(t *testing.T) {
 		}
 
 		// Carried by the next Acquire: one command for both.
-		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
+		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, releaseDelay: time.Hour})
 		_, l1 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
-		sent0 := r.counter.n.Load()
+		sent0 := r.counter.N.Load()
 		r.store.ReleaseSoon(l1)
 		_, l2 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
-		if sent := r.counter.n.Load() - sent0; sent != 1 {
+		if sent := r.counter.N.Load() - sent0; sent != 1 {
 			t.Errorf("ReleaseSoon then Acquire sent %d commands, want 1", sent)
 		}
 		if n := count(t, "gpu"); n != 1 {
@@ -548,58 +543,53 @@ func TestReleaseSoon(t *testing.T) {
 		r.store.ReleaseSoon(l1) // released already: nothing to send
 		mustRelease(t, r, l2)
 
-		// Sent alone after the linger, five in one command.
-		q := newReplica(t, be, "q", replicaConfig{ttl: 30 * time.Second, linger: 50 * time.Millisecond})
+		// Sent after the delay, five in one command.
+		q := newReplica(t, be, "q", replicaConfig{ttl: 30 * time.Second, releaseDelay: 50 * time.Millisecond})
 		var held []Lease
 		for range 5 {
 			_, l := mustAcquire(t, q, Request{Queue: "p", Candidates: one("npu", 10)})
 			held = append(held, l)
 		}
-		sent0 = q.counter.n.Load()
+		sent0 = q.counter.N.Load()
 		for _, l := range held {
 			q.store.ReleaseSoon(l)
 		}
-		if !eventually(2*time.Second, func() bool { return count(t, "npu") == 0 }) {
-			t.Fatalf("%d leases on npu 2s after ReleaseSoon with a 50ms linger", count(t, "npu"))
+		if !testredis.WaitFor(2*time.Second, func() bool { return count(t, "npu") == 0 }) {
+			t.Fatalf("%d leases on npu 2s after ReleaseSoon with a 50ms delay", count(t, "npu"))
 		}
-		if sent := q.counter.n.Load() - sent0; sent != 1 {
+		if sent := q.counter.N.Load() - sent0; sent != 1 {
 			t.Errorf("five ReleaseSoon calls sent %d commands, want 1", sent)
 		}
 
-		// At once when someone waits for the backend: a refusal is
-		// announced. Two slots on tpu, both r's, and w waits.
+		// With no Acquire to carry it, a release goes within the delay, and
+		// whoever waits for its backend is told. Both slots of tpu are d's
+		// (the default delay), and w waits.
+		d := newReplica(t, be, "d", replicaConfig{ttl: 30 * time.Second})
 		w := newReplica(t, be, "w", replicaConfig{ttl: 30 * time.Second})
-		_, t1 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
-		_, t2 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("tpu", 2)})
+		_, t1 := mustAcquire(t, d, Request{Queue: "p", Candidates: one("tpu", 2)})
+		mustAcquire(t, d, Request{Queue: "p", Candidates: one("tpu", 2)})
 		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i >= 0 {
 			t.Fatal("w got a slot of a full backend")
 		}
-		if !eventually(2*time.Second, func() bool { return r.store.awaitedRecently("tpu") }) {
-			t.Fatal("r did not learn that w waits for tpu")
+		drain(w.released)
+		d.store.ReleaseSoon(t1)
+		expectReleased(t, w, "tpu")
+		if n := count(t, "tpu"); n != 1 {
+			t.Fatalf("%d leases on tpu once the release was announced, want 1", n)
 		}
-		drain(r.released)
-		r.store.ReleaseSoon(t1) // lingers an hour unless someone waits
-		if !eventually(time.Second, func() bool { return count(t, "tpu") == 1 }) {
-			t.Fatalf("a release of a backend someone waits for was not sent at once (%d leases, want 1)", count(t, "tpu"))
-		}
-		expectReleased(t, r, "tpu") // w waits: the release was announced
 		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("tpu", 2)}); i != 0 {
-			t.Fatal("w refused the slot r gave back")
-		}
-		r.store.ReleaseSoon(t2)
-		if !eventually(time.Second, func() bool { return count(t, "tpu") == 1 }) {
-			t.Errorf("a release of a backend someone just waited for was not sent at once (%d leases, want 1)", count(t, "tpu"))
+			t.Fatal("w refused the slot d gave back")
 		}
 
 		// The Acquire carrying a release gets no answer: the release
 		// becomes an orphan for the next renewal.
 		_, l3 := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)})
 		r.store.ReleaseSoon(l3)
-		r.gate.cut()
+		r.gate.Cut()
 		if _, _, err := r.store.Acquire(testCtx(t), Request{Queue: "p", Candidates: one("gpu", 10)}); err == nil {
 			t.Fatal("Acquire succeeded while cut off from Redis")
 		}
-		r.gate.heal()
+		r.gate.Heal()
 		r.store.mu.Lock()
 		orphaned := slices.ContainsFunc(r.store.orphans["gpu"], func(o orphan) bool { return o.member == l3.member })
 		r.store.mu.Unlock()
@@ -607,194 +597,52 @@ func TestReleaseSoon(t *testing.T) {
 			t.Error("the release an Acquire without answer carried is not left to the next renewal")
 		}
 
-		// Close sends what still lingers.
-		c := newReplica(t, be, "c", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
+		// Close sends what is still queued.
+		c := newReplica(t, be, "c", replicaConfig{ttl: 30 * time.Second, releaseDelay: time.Hour})
 		_, l4 := mustAcquire(t, c, Request{Queue: "p", Candidates: one("fpga", 10)})
 		c.store.ReleaseSoon(l4)
 		if err := c.store.Close(); err != nil {
 			t.Fatal(err)
 		}
 		if n := count(t, "fpga"); n != 0 {
-			t.Errorf("%d leases on fpga after Close with a release lingering, want 0", n)
-		}
-	})
-}
-
-// TestHandOver: a slot released a moment ago passes to the next fresh
-// request for its backend without a round trip, unless someone waits for
-// the backend.
-func TestHandOver(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
-		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: time.Hour})
-		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
-		_, l1 := mustAcquire(t, r, fresh)
-		r.store.ReleaseSoon(l1)
-		sent0 := r.counter.n.Load()
-		i, l2 := mustAcquire(t, r, fresh)
-		if sent := r.counter.n.Load() - sent0; sent != 0 || i != 0 || l2 != l1 {
-			t.Fatalf("fresh Acquire after ReleaseSoon: %d commands, candidate %d, lease %v (released %v); want the same lease with none", sent, i, l2, l1)
-		}
-		if n := count(t, r, "gpu"); n != 1 {
-			t.Fatalf("%d leases on gpu after a hand-over, want 1", n)
-		}
-		if got := r.store.Held("gpu"); got != 1 {
-			t.Fatalf("the store holds %d leases on gpu after a hand-over, want 1 (renewed)", got)
-		}
-		// Not to a request of a local queue, nor for other backends.
-		r.store.ReleaseSoon(l2)
-		if i, l := mustAcquire(t, r, Request{Queue: "p", Candidates: one("gpu", 10)}); i != 0 || l == l2 {
-			t.Fatalf("a queued request was handed the released lease: %v", l)
-		} else {
-			mustRelease(t, r, l)
-		}
-		_, l3 := mustAcquire(t, r, fresh)
-		r.store.ReleaseSoon(l3)
-		if _, l := mustAcquire(t, r, Request{Queue: "q", Candidates: one("npu", 10), Fresh: true}); l == l3 {
-			t.Fatal("a request for npu was handed a lease on gpu")
-		} else {
-			mustRelease(t, r, l)
-		}
-		if err := r.store.Flush(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if n := count(t, r, "gpu"); n != 0 {
-			t.Fatalf("%d leases on gpu after all were released, want 0", n)
-		}
-
-		// Someone waits: the freed slot is theirs. Both slots of tpu are
-		// r's, w waits, and r's newer request must not take a slot.
-		w := newReplica(t, be, "w", replicaConfig{ttl: 30 * time.Second})
-		tpu := Request{Queue: "p", Candidates: one("tpu", 2), Fresh: true}
-		_, a := mustAcquire(t, r, tpu)
-		mustAcquire(t, r, tpu)
-		// Arrivals are compared in milliseconds: w came well before.
-		waiting := Request{Queue: "p", Candidates: one("tpu", 2), Arrival: time.Now().Add(-time.Second)}
-		if i, _ := mustAcquire(t, w, waiting); i >= 0 {
-			t.Fatal("w got a slot of a full backend")
-		}
-		if !eventually(2*time.Second, func() bool { return r.store.awaitedRecently("tpu") }) {
-			t.Fatal("r did not learn that w waits for tpu")
-		}
-		handed := r.store.handedOver.Load()
-		r.store.ReleaseSoon(a)
-		if i, l := mustAcquire(t, r, tpu); i >= 0 {
-			t.Fatalf("r's newer request took the slot w waits for (lease %v, released %v)", l, a)
-		}
-		if r.store.handedOver.Load() != handed {
-			t.Fatal("a lease was handed over while someone waited")
-		}
-		// The release goes at once, but from the store's flusher: on a
-		// busy machine it may still be on its way (CI failed here once).
-		if !eventually(2*time.Second, func() bool { return count(t, r, "tpu") == 1 }) {
-			t.Fatalf("r's release of a tpu slot did not reach the store: %d leases", count(t, r, "tpu"))
-		}
-		if i, _ := mustAcquire(t, w, waiting); i != 0 { // its own arrival: first in line
-			t.Fatal("w did not get the slot r gave back")
-		}
-
-		// A release that lingers when someone starts to wait is sent then.
-		_, x := mustAcquire(t, r, Request{Queue: "p", Candidates: one("xpu", 1), Fresh: true})
-		r.store.ReleaseSoon(x) // nobody waits: it would linger an hour
-		if i, _ := mustAcquire(t, w, Request{Queue: "p", Candidates: one("xpu", 1)}); i >= 0 {
-			t.Fatal("w got the slot while r's release of it lingered")
-		}
-		if !eventually(2*time.Second, func() bool { return count(t, r, "xpu") == 0 }) {
-			t.Fatal("r's lingering release was not sent when w began to wait")
-		}
-	})
-}
-
-// TestLingerIsEachLeases: a released lease is sent back once it has
-// lingered itself, not when the first of those released before it has, so
-// that the leases released last stay to be handed on.
-func TestLingerIsEachLeases(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
-		const linger = time.Second
-		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: linger})
-		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
-		_, l1 := mustAcquire(t, r, fresh)
-		_, l2 := mustAcquire(t, r, fresh)
-		r.store.ReleaseSoon(l1)
-		time.Sleep(linger * 7 / 10)
-		r.store.ReleaseSoon(l2)
-		// l1 goes back a linger after its release; l2, released 0.7 of
-		// a linger later, stays.
-		if !eventually(2*linger, func() bool { return count(t, r, "gpu") == 1 }) {
-			t.Fatalf("%d leases on gpu after the first release lingered, want 1", count(t, r, "gpu"))
-		}
-		sent0 := r.counter.n.Load()
-		if _, l := mustAcquire(t, r, fresh); l != l2 || r.counter.n.Load() != sent0 {
-			t.Fatalf("a fresh request after the first release was sent got %v with %d commands; want %v, the lease released after it, with none",
-				l, r.counter.n.Load()-sent0, l2)
-		}
-		r.store.ReleaseSoon(l2)
-		if !eventually(2*linger, func() bool { return count(t, r, "gpu") == 0 }) {
-			t.Fatalf("%d leases on gpu after every release lingered, want 0", count(t, r, "gpu"))
-		}
-	})
-}
-
-// TestHandOverAtASteadyRate: requests that overlap two at a time, a few
-// milliseconds apart for several lingers, cost the round trips of their
-// first two acquires and then none: each slot passes from request to
-// request, and neither goes back while it keeps being used.
-func TestHandOverAtASteadyRate(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
-		const linger = 50 * time.Millisecond
-		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second, linger: linger})
-		fresh := Request{Queue: "p", Candidates: one("gpu", 10), Fresh: true}
-		sent0 := r.counter.n.Load()
-		start := time.Now()
-		pairs := 0
-		for time.Since(start) < 8*linger {
-			_, a := mustAcquire(t, r, fresh)
-			_, b := mustAcquire(t, r, fresh) // while a runs
-			r.store.ReleaseSoon(a)
-			r.store.ReleaseSoon(b)
-			pairs++
-			time.Sleep(2 * time.Millisecond)
-		}
-		sent := r.counter.n.Load() - sent0
-		t.Logf("%d pairs of overlapping requests in %v: %d commands", pairs, time.Since(start).Round(time.Millisecond), sent)
-		if sent > 2 {
-			t.Errorf("%d pairs of overlapping requests over %v (a linger of %v) cost %d commands, want 2 (the first pair's acquires)",
-				pairs, time.Since(start).Round(time.Millisecond), linger, sent)
+			t.Errorf("%d leases on fpga after Close with a release queued, want 0", n)
 		}
 	})
 }
 
 // TestCommandCount checks that a request costs one command to acquire and
-// one to release (Release; ReleaseSoon usually costs none, TestReleaseSoon), and that holding leases costs one command per renewal
-// interval for the whole replica, not one per lease.
+// one to release (Release; ReleaseSoon usually costs none, TestReleaseSoon),
+// and that holding leases costs one command per renewal interval for the
+// whole replica, not one per lease.
 func TestCommandCount(t *testing.T) {
-	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEachIsolated(t, func(t *testing.T, be *testredis.Backend) {
 		// A long TTL: no renewal falls inside the first measurement.
 		r := newReplica(t, be, "r", replicaConfig{ttl: 30 * time.Second})
 		cands := []Backend{{Name: "x", Max: 1000, Weight: 1}, {Name: "y", Max: 1000, Weight: 2}}
 		const n = 200
 		var stats0 map[string]int64
-		if be.mr == nil {
-			stats0 = be.commandStats(t)
+		if be.Mini == nil {
+			stats0 = be.CommandStats(t)
 		}
-		sent0, renew0 := r.counter.n.Load(), r.store.renewals.Load()
+		sent0, renew0 := r.counter.N.Load(), r.store.renewals.Load()
 		for range n {
 			_, l := mustAcquire(t, r, Request{Queue: "p", Candidates: cands})
 			mustRelease(t, r, l)
 		}
-		sent, renews := r.counter.n.Load()-sent0, r.store.renewals.Load()-renew0
-		t.Logf("%s: %d acquire+release pairs: %d commands sent, %d renewals", be.name, n, sent, renews)
+		sent, renews := r.counter.N.Load()-sent0, r.store.renewals.Load()-renew0
+		t.Logf("%s: %d acquire+release pairs: %d commands sent, %d renewals", be.Name, n, sent, renews)
 		if sent > 2*n+renews {
 			t.Errorf("%d commands for %d pairs and %d renewals, want at most %d", sent, n, renews, 2*n+renews)
 		}
-		if be.mr == nil {
-			stats := be.commandStats(t)
+		if be.Mini == nil {
+			stats := be.CommandStats(t)
 			scripts := stats["evalsha"] + stats["eval"] - stats0["evalsha"] - stats0["eval"]
 			var all int64
 			for k, v := range stats {
 				all += v - stats0[k]
 			}
 			t.Logf("%s: server ran %d scripts, %d commands counting those the scripts ran (%.1f per pair)",
-				be.name, scripts, all, float64(all)/n)
+				be.Name, scripts, all, float64(all)/n)
 			if scripts > 2*n+renews {
 				t.Errorf("server ran %d scripts for %d pairs and %d renewals, want at most %d", scripts, n, renews, 2*n+renews)
 			}
@@ -810,14 +658,14 @@ func TestCommandCount(t *testing.T) {
 		}
 		// The hook counts renewals and other commands apart, so a renewal
 		// in flight when the window opens or closes cannot skew the count.
-		others0, renew0, hs0 := h.counter.others.Load(), h.counter.renewals.Load(), h.counter.handshakes.Load()
+		others0, renew0, hs0 := h.counter.Others.Load(), h.counter.Matched.Load(), h.counter.Handshakes.Load()
 		time.Sleep(time.Second)
-		others, renews := h.counter.others.Load()-others0, h.counter.renewals.Load()-renew0
+		others, renews := h.counter.Others.Load()-others0, h.counter.Matched.Load()-renew0
 		t.Logf("%s: 50 leases held for 1s (renew every 100ms): %d renewals, %d other commands, %d of new connections' handshakes",
-			be.name, renews, others, h.counter.handshakes.Load()-hs0)
+			be.Name, renews, others, h.counter.Handshakes.Load()-hs0)
 		if renews < 5 || renews > 20 || others != 0 {
 			last := ""
-			if p := h.counter.lastOther.Load(); p != nil {
+			if p := h.counter.LastOther.Load(); p != nil {
 				last = *p
 			}
 			t.Errorf("holding 50 leases for 1s cost %d renewals and %d other commands (the last: %q); want 5 to 20 renewals (one per interval, not per lease) and nothing else", renews, others, last)
@@ -832,7 +680,7 @@ func TestCommandCount(t *testing.T) {
 // or hung and works again once it is back, and that a store started while
 // Redis is down catches up by itself.
 func TestRedisDown(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		short := func(o *redis.Options) {
 			o.DialTimeout = 200 * time.Millisecond
 			o.ReadTimeout = 200 * time.Millisecond
@@ -856,7 +704,7 @@ func TestRedisDown(t *testing.T) {
 		backAgain := func(what string) {
 			t.Helper()
 			var lastErr error
-			ok := eventually(3*time.Second, func() bool {
+			ok := testredis.WaitFor(3*time.Second, func() bool {
 				i, l, err := acquireWithin(time.Second)
 				lastErr = err
 				if err != nil || i < 0 {
@@ -870,28 +718,28 @@ func TestRedisDown(t *testing.T) {
 		}
 
 		// Cut off: connections refused.
-		r.gate.cut()
+		r.gate.Cut()
 		if _, _, err := acquireWithin(time.Second); err == nil {
 			t.Fatal("Acquire succeeded while cut off from Redis")
 		}
-		r.gate.heal()
+		r.gate.Heal()
 		backAgain("the partition healed")
 
 		// Hung: Redis swallows the request and never answers.
-		r.gate.freeze()
+		r.gate.Freeze()
 		if _, _, err := acquireWithin(time.Second); err == nil {
 			t.Fatal("Acquire succeeded against a hung Redis")
 		}
 		backAgain("the connections were replaced")
 
-		if be.mr != nil {
+		if be.Mini != nil {
 			// The server itself goes away and comes back on the same
 			// address (miniredis keeps its data).
-			be.mr.Close()
+			be.Mini.Close()
 			if _, _, err := acquireWithin(time.Second); err == nil {
 				t.Fatal("Acquire succeeded while Redis was stopped")
 			}
-			if err := be.mr.Restart(); err != nil {
+			if err := be.Mini.Restart(); err != nil {
 				t.Fatal(err)
 			}
 			backAgain("Redis restarted")
@@ -900,21 +748,21 @@ func TestRedisDown(t *testing.T) {
 		// A replica starts while Redis is down: Start reports it, and the
 		// store catches up in the background.
 		late := newReplica(t, be, "late", replicaConfig{ttl: 600 * time.Millisecond, client: short, noStart: true})
-		late.gate.cut()
+		late.gate.Cut()
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		err := late.store.Start(ctx)
 		cancel()
 		if err == nil {
 			t.Fatal("Start succeeded with Redis unreachable")
 		}
-		t.Logf("%s: Start while down: %v", be.name, err)
-		late.gate.heal()
-		if !eventually(3*time.Second, func() bool {
-			return be.admin.ZScore(testCtx(t), be.prefix+"lease-replicas", "late").Err() == nil
+		t.Logf("%s: Start while down: %v", be.Name, err)
+		late.gate.Heal()
+		if !testredis.WaitFor(3*time.Second, func() bool {
+			return be.Admin.ZScore(testCtx(t), be.Prefix+"lease-replicas", "late").Err() == nil
 		}) {
 			t.Fatal("the late replica never registered once Redis was reachable")
 		}
-		if !eventually(2*time.Second, func() bool { return r.store.LiveReplicas() == 2 }) {
+		if !testredis.WaitFor(2*time.Second, func() bool { return r.store.LiveReplicas() == 2 }) {
 			t.Errorf("r sees %d live replicas, want 2", r.store.LiveReplicas())
 		}
 		if err := late.store.Start(testCtx(t)); err == nil {
@@ -927,27 +775,27 @@ func TestRedisDown(t *testing.T) {
 // no longer has is forgotten rather than resurrected, and a lease whose
 // acquire failed without an answer (an orphan) is deleted from Redis.
 func TestRenewalHousekeeping(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		r := newReplica(t, be, "r", replicaConfig{ttl: 300 * time.Millisecond})
 		cands := one("gpu", 4)
 		_, l := mustAcquire(t, r, Request{Queue: "p", Candidates: cands})
-		key := be.prefix + "lease:gpu"
-		if err := be.admin.ZRem(testCtx(t), key, l.member).Err(); err != nil {
+		key := be.Prefix + "lease:gpu"
+		if err := be.Admin.ZRem(testCtx(t), key, l.member).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if !eventually(time.Second, func() bool { return r.store.Held("gpu") == 0 }) {
+		if !testredis.WaitFor(time.Second, func() bool { return r.store.Held("gpu") == 0 }) {
 			t.Fatal("the store still holds a lease Redis lost")
 		}
-		if be.admin.ZScore(testCtx(t), key, l.member).Err() != redis.Nil {
+		if be.Admin.ZScore(testCtx(t), key, l.member).Err() != redis.Nil {
 			t.Fatal("renewal resurrected a lease that was gone")
 		}
 
 		orphan := r.store.memberID + "orphan"
-		be.admin.ZAdd(testCtx(t), key, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: orphan})
+		be.Admin.ZAdd(testCtx(t), key, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: orphan})
 		r.store.mu.Lock()
 		r.store.orphanLocked("gpu", orphan)
 		r.store.mu.Unlock()
-		if !eventually(time.Second, func() bool { return be.admin.ZScore(testCtx(t), key, orphan).Err() == redis.Nil }) {
+		if !testredis.WaitFor(time.Second, func() bool { return be.Admin.ZScore(testCtx(t), key, orphan).Err() == redis.Nil }) {
 			t.Fatal("the orphan lease was not deleted by a renewal")
 		}
 	})

@@ -54,10 +54,6 @@ local function waiters(wk, member)
 end
 `
 
-// waitingSuffix names the channel, beside the release channel, on which
-// the acquire script announces the backends a refused request waits for.
-const waitingSuffix = ":waiting"
-
 // acquireScript first gives back the leases released since the last call
 // (Store.ReleaseSoon), then takes a slot on one of the candidates.
 //
@@ -137,9 +133,6 @@ for i = 1, n do
     redis.call('ZADD', ek, exp, me)
     keep(wk, 2 * ttl)
     keep(ek, 2 * ttl)
-    -- Someone waits for this backend now: no replica may hand its freed
-    -- slots from one of its requests to the next (Store.handOver).
-    redis.call('PUBLISH', ch .. '` + waitingSuffix + `', ARGV[8 + 3*i - 2])
   elseif nxt ~= '0' then
     redis.call('ZADD', wk, nxt, me)
     redis.call('ZADD', ek, exp, me)

@@ -4,10 +4,9 @@
 // With Redis configured the limits hold across all gateway replicas: the
 // state is kept in Redis by github.com/go-redis/redis_rate (GCRA, one Lua
 // script per decision, so concurrent replicas cannot both take the last
-// unit). A busy key's requests are taken from Redis in small runs, which
-// the replica then hands out without a round trip (quota.go). Without
-// Redis, or while Redis is unreachable, an in-memory GCRA with the same
-// arithmetic answers instead, per replica.
+// unit): every request asks Redis. Without Redis, or while Redis is
+// unreachable, an in-memory GCRA with the same arithmetic answers instead,
+// per replica.
 //
 // Tokens are limited by reservation: ReserveTokens takes an estimate out of
 // the budget atomically at admission, and Reservation.Reconcile charges the
@@ -93,13 +92,9 @@ type Limiter struct {
 	fallbackDiv  int
 	onDegraded   func(bool)
 	log          *slog.Logger
-	runs         *runs // busy keys' runs of requests (quota.go); nil without Redis
-	now          func() time.Time
 	degraded     atomic.Bool
-	mu           sync.Mutex // guards closedFlag and closing against a probe or a take ahead starting during Close
+	mu           sync.Mutex // guards closedFlag against a probe starting during Close
 	closedFlag   bool
-	closing      bool           // Close began: no run is taken ahead any more
-	aheads       sync.WaitGroup // runs being taken ahead
 	probeRunning sync.WaitGroup
 	closed       chan struct{}
 }
@@ -135,31 +130,16 @@ func New(o Options) *Limiter {
 		onDegraded:  o.OnDegraded,
 		log:         o.Logger,
 		closed:      make(chan struct{}),
-		now:         o.now,
 	}
 	if o.Redis != nil {
 		l.shared = newRedisStore(o.Redis)
-		// A run taken as the last one ends starts at once: no request waits.
-		takeAtExpiry := func(key string, rate, n int) { l.takeAhead(key, rate, n, 0) }
-		l.runs = newRuns(l.giveBackRun, takeAtExpiry, l.now)
 	}
 	return l
 }
 
-// Close gives back what is left of this replica's runs and stops the
-// background probe, if one is running. It does not close the Redis client,
-// which belongs to the caller.
+// Close stops the background probe, if one is running. It does not close
+// the Redis client, which belongs to the caller.
 func (l *Limiter) Close() {
-	l.mu.Lock()
-	first := !l.closing
-	l.closing = true
-	l.mu.Unlock()
-	// A run being taken ahead joins its key's run before what is left of
-	// the runs goes back.
-	l.aheads.Wait()
-	if l.runs != nil && first {
-		l.runs.giveBackAll()
-	}
 	l.mu.Lock()
 	if !l.closedFlag {
 		l.closedFlag = true
@@ -167,12 +147,6 @@ func (l *Limiter) Close() {
 	}
 	l.mu.Unlock()
 	l.probeRunning.Wait()
-}
-
-func (l *Limiter) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closedFlag
 }
 
 // Degraded reports whether Redis is configured but unreachable, so that
@@ -187,76 +161,13 @@ func (l *Limiter) AllowRequest(ctx context.Context, key string, lim Limit) (Deci
 		return Decision{Allowed: true}, nil
 	}
 	k := l.prefix + "req:" + key
-	n := 1
-	for again := false; l.runs != nil && !l.degraded.Load(); again = true {
-		if err := ctx.Err(); err != nil {
-			return Decision{}, err
-		}
-		d, served, take, after, wait := l.runs.next(k, lim.RequestsPerMinute, again, l.now())
-		if served {
-			if take > 0 {
-				l.takeAhead(k, lim.RequestsPerMinute, take, after)
-			}
-			return d, nil
-		}
-		if wait == nil {
-			n = take
-			break
-		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return Decision{}, ctx.Err()
-		}
-	}
-	res, st, rate, err := l.run(ctx, lim.RequestsPerMinute, func(ctx context.Context, s store, rate int) (result, error) {
-		if n > 1 && s == l.shared {
-			return s.allowAtMost(ctx, k, rate, n)
-		}
+	res, _, rate, err := l.run(ctx, lim.RequestsPerMinute, func(ctx context.Context, s store, rate int) (result, error) {
 		return s.allowN(ctx, k, rate, 1)
 	})
-	if n > 1 {
-		// Whatever the answer, the take is over (runs.next marked it).
-		return l.runs.taken(k, rate, res, err == nil && st == l.shared, l.now()), err
-	}
 	if err != nil {
 		return Decision{}, err
 	}
 	return decision(res, rate), nil
-}
-
-// takeAhead takes key's next run of n requests from Redis on a goroutine
-// of its own, after the given delay (aheadDelay), while the current run
-// lasts (quota.go).
-func (l *Limiter) takeAhead(key string, rate, n int, after time.Duration) {
-	l.mu.Lock()
-	if l.closing {
-		l.mu.Unlock()
-		l.runs.takenAhead(key, rate, result{}, false, l.now())
-		return
-	}
-	l.aheads.Add(1)
-	l.mu.Unlock()
-	take := func() {
-		defer l.aheads.Done()
-		var res result
-		ok := false
-		if !l.degraded.Load() {
-			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-			var err error
-			res, err = l.shared.allowAtMost(ctx, key, rate, n)
-			cancel()
-			if ok = err == nil; !ok {
-				l.markDegraded(err)
-			}
-		}
-		l.runs.takenAhead(key, rate, res, ok, l.now())
-	}
-	if after <= 0 {
-		go take()
-		return
-	}
-	time.AfterFunc(after, take)
 }
 
 // Reservation is an admitted estimate of a request's tokens, to be settled
