@@ -11,6 +11,11 @@ export default defineConfig({
   // e2e/engine-real/ needs a real engine: `make test-engine` runs it
   // (playwright.engine.config.ts).
   testIgnore: '**/engine-real/**',
+  // Playwright empties its outputDir when a run starts. Each suite has its
+  // own (`make test-engine`'s is test-results/engine-real/), so neither
+  // run erases the other's; the screenshots go to test-results/screenshots/
+  // (the specs name it), which neither empties.
+  outputDir: 'test-results/e2e',
   timeout: 30_000,
   fullyParallel: false,
   workers: 1,

@@ -17,6 +17,10 @@ if (!existsSync(gatewayConfig)) {
 
 export default defineConfig({
   testDir: './e2e/engine-real',
+  // Its own output directory, which Playwright empties when the run starts:
+  // the default one (test-results/) would take `make test`'s screenshots
+  // (test-results/screenshots/) with it.
+  outputDir: 'test-results/engine-real',
   // The model answers in milliseconds; the time goes to retries of the
   // stop tests and the first load of the model.
   timeout: 60_000,

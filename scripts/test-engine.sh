@@ -16,6 +16,9 @@
 #   Playwright with playwright.engine.config.ts, which starts `bin/moonji
 #   serve` (built by `make build`). Ollama is stopped on exit, whatever
 #   happens. Extra arguments go to Playwright (e.g. -g 'embeddings').
+# - Playwright's output (what a failed test leaves) goes to
+#   test-results/engine-real/, apart from `make test`'s, so that neither run
+#   erases the other's (Playwright empties its output directory at start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

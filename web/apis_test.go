@@ -308,7 +308,10 @@ func startTranslatingEnv(t *testing.T, opts mockllm.Options) *testEnv {
 // request, the client the Responses events (or object) the SDKs expect, and
 // the row the engine's usage.
 func TestResponsesTranslatedForChatBackend(t *testing.T) {
-	e := startTranslatingEnv(t, mockllm.Options{Tokens: 6})
+	// Whole sentences: the chat answer finishes "stop", the response
+	// completes (one cut mid-sentence would be "incomplete").
+	n := mockllm.SentenceLength("Tell me a story", 6)
+	e := startTranslatingEnv(t, mockllm.Options{Tokens: n})
 	t.Run("stream", func(t *testing.T) {
 		resp := e.postPath(context.Background(), "/v1/responses",
 			`{"model":"m1","input":[{"role":"user","content":[{"type":"input_text","text":"Tell me a story"}]}],"instructions":"Be brief.","stream":true,"temperature":null}`)
@@ -343,7 +346,7 @@ func TestResponsesTranslatedForChatBackend(t *testing.T) {
 			t.Fatalf("completed text %q, deltas %q", got, deltas.String())
 		}
 		row := e.final(resp.Header.Get("X-Inference-Id"))
-		if row.Outcome != models.OutcomeSuccess || row.CompletionTokens != 6 || row.UsageSource != models.UsageFromEngine ||
+		if row.Outcome != models.OutcomeSuccess || row.CompletionTokens != n || row.UsageSource != models.UsageFromEngine ||
 			int64(row.PromptTokens) != gjson.Get(completed, "response.usage.input_tokens").Int() {
 			t.Fatalf("row %+v, completed usage %s", row, gjson.Get(completed, "response.usage").Raw)
 		}

@@ -138,7 +138,7 @@ func TestBackendTimeoutBoundsTheRelay(t *testing.T) {
 func TestHalfClosedClientGetsItsAnswer(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
 	for _, c := range []struct{ name, body, want string }{
-		{"non-streaming", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"ttft_ms":300,"tokens":3}}`, `"finish_reason":"stop"`},
+		{"non-streaming", `{"model":"m1","messages":[{"role":"user","content":"x"}],"mock":{"ttft_ms":300,"tokens":3}}`, `"finish_reason":"length"`},
 		{"stream", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"ttft_ms":300,"tokens":3}}`, "data: [DONE]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"moonji/internal/testdb"
@@ -270,3 +271,16 @@ func revokeAll(t *testing.T, e *testEnv, email string) {
 		t.Fatal(err)
 	}
 }
+
+// envInt reads a positive integer from the environment variable name, or
+// returns def (the chaos test's size knobs, the bench harnesses').
+func envInt(name string, def int) int {
+	var n int
+	if _, err := fmt.Sscan(os.Getenv(name), &n); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// quietLog is a logger that drops everything.
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

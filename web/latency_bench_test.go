@@ -1,3 +1,5 @@
+//go:build bench
+
 package web_test
 
 import (
@@ -8,7 +10,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -270,16 +271,6 @@ func pctf(d []time.Duration, p float64) time.Duration {
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-
-func envInt(name string, def int) int {
-	var n int
-	if _, err := fmt.Sscan(os.Getenv(name), &n); err == nil && n > 0 {
-		return n
-	}
-	return def
-}
-
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func benchClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096, DisableCompression: true}}

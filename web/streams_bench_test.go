@@ -1,3 +1,5 @@
+//go:build bench
+
 package web_test
 
 import (

@@ -59,7 +59,9 @@ func TestStreamIsRelayedByteForByte(t *testing.T) {
 func TestGeneratedStreamMatchesDirectCall(t *testing.T) {
 	e := startEnv(t)
 	c := e.dial(t, nil)
-	body := chatBody("m1", true, map[string]any{"tokens": 12})
+	// A whole sentence, so that the answer finishes "stop".
+	n := mockllm.SentenceLength("Tell me a story.", 12)
+	body := chatBody("m1", true, map[string]any{"tokens": n})
 	_, want := e.direct(t, body)
 	c.open("s1", "m1", body)
 	a := c.collect([]string{"s1"}, nil)["s1"]
@@ -72,7 +74,7 @@ func TestGeneratedStreamMatchesDirectCall(t *testing.T) {
 	if same(got) != same(want) {
 		t.Fatalf("relayed stream differs from a direct call's:\n got %q\nwant %q", got, want)
 	}
-	if a.done == nil || a.done.FinishReason != "stop" || a.done.Usage == nil || a.done.Usage.CompletionTokens != 12 {
+	if a.done == nil || a.done.FinishReason != "stop" || a.done.Usage == nil || a.done.Usage.CompletionTokens != n {
 		t.Fatalf("chat.done = %+v", a.done)
 	}
 }

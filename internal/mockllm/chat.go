@@ -137,7 +137,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", "'messages' must be a non-empty array")
 		return
 	}
-	n, finish, err := s.completionLength(req, k, "max_completion_tokens", "max_tokens")
+	l, err := s.completionLength(req, k, "max_completion_tokens", "max_tokens")
 	if err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -148,15 +148,14 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompt := promptTokens(msgs)
-	if err := contextTooLong(prompt, n, "messages"); err != nil {
+	if err := contextTooLong(prompt, l.n, "messages"); err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 
 	g := s.newGen(rec, k, model)
 	g.id = newID("chatcmpl-")
-	g.tokens = answerTokens(lastUserText(msgs), n, finish)
-	g.finish = finish
+	g.tokens, g.finish = s.answerTokens(lastUserText(msgs), l)
 	g.choices = choices
 	g.promptTokens = prompt
 	if rec.Stream {
@@ -166,10 +165,20 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// completionLength returns how many tokens to generate and the finish reason:
-// "length" when the client's limit cut the text, "stop" when the mock chose.
-// The limit is the first of fields that the request sets.
-func (s *Server) completionLength(req gjson.Result, k knobs, fields ...string) (int, string, error) {
+// answerLength is how long an answer is to be, and who said so.
+type answerLength struct {
+	n int
+	// limited is set when the request's limit (max_tokens, or its API's
+	// name for it) set n: an answer that reaches n was cut by it.
+	limited bool
+	// byDefault is set when n is Options.Tokens: neither the request nor
+	// its tokens knob chose it.
+	byDefault bool
+}
+
+// completionLength returns how many tokens to generate: the first of fields
+// that the request sets, else the tokens knob, else Options.Tokens.
+func (s *Server) completionLength(req gjson.Result, k knobs, fields ...string) (answerLength, error) {
 	for _, field := range fields {
 		v := req.Get(field)
 		switch v.Type {
@@ -177,20 +186,20 @@ func (s *Server) completionLength(req gjson.Result, k knobs, fields ...string) (
 			continue
 		case gjson.Number:
 			if v.Float() != float64(v.Int()) {
-				return 0, "", fmt.Errorf("%s must be an integer, got %s", field, v.Raw)
+				return answerLength{}, fmt.Errorf("%s must be an integer, got %s", field, v.Raw)
 			}
 			if v.Int() < 1 {
-				return 0, "", fmt.Errorf("%s must be at least 1, got %d", field, v.Int())
+				return answerLength{}, fmt.Errorf("%s must be at least 1, got %d", field, v.Int())
 			}
-			return int(min(v.Int(), maxModelLen+1)), "length", nil
+			return answerLength{n: int(min(v.Int(), maxModelLen+1)), limited: true}, nil
 		default:
-			return 0, "", fmt.Errorf("%s must be an integer, got %s", field, v.Raw)
+			return answerLength{}, fmt.Errorf("%s must be an integer, got %s", field, v.Raw)
 		}
 	}
 	if k.tokens > 0 {
-		return k.tokens, "stop", nil
+		return answerLength{n: k.tokens}, nil
 	}
-	return s.opts.Tokens, "stop", nil
+	return answerLength{n: s.opts.Tokens, byDefault: true}, nil
 }
 
 // maxChoices bounds n: every choice costs the mock a frame per token.

@@ -13,8 +13,9 @@ import (
 type completionGen struct {
 	gen
 	// texts holds each choice's tokens: choice c answers prompt c/n, as
-	// vLLM numbers them.
-	texts [][]string
+	// vLLM numbers them; finishes, each choice's finish reason.
+	texts    [][]string
+	finishes []string
 	// steps is the longest answer's length, the number of tokens to pace.
 	steps int
 }
@@ -36,7 +37,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	n, finish, err := s.completionLength(req, k, "max_tokens")
+	l, err := s.completionLength(req, k, "max_tokens")
 	if err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -54,17 +55,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 
 	g := completionGen{gen: s.newGen(rec, k, model)}
 	g.id = newID("cmpl-")
-	g.finish = finish
 	g.choices = len(prompts) * perPrompt
 	for _, p := range prompts {
-		if err := contextTooLong(p.tokens, n, "prompt"); err != nil {
+		if err := contextTooLong(p.tokens, l.n, "prompt"); err != nil {
 			s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
 		g.promptTokens += p.tokens
-		tokens := answerTokens(p.text, n, finish)
+		tokens, finish := s.answerTokens(p.text, l)
 		for range perPrompt {
 			g.texts = append(g.texts, tokens)
+			g.finishes = append(g.finishes, finish)
 		}
 		g.steps = max(g.steps, len(tokens))
 	}
@@ -118,7 +119,7 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, re
 
 	var frames []string
 	for c := range g.texts {
-		frames = append(frames, choice(c, "", jstr(g.finish)))
+		frames = append(frames, choice(c, "", jstr(g.finishes[c])))
 	}
 	if g.includeUsage {
 		frames = append(frames, prefix+`],"usage":`+usageJSON(g.promptTokens, g.completionTokens())+`}`)
@@ -142,7 +143,7 @@ func (s *Server) completeCompletion(ctx context.Context, w http.ResponseWriter, 
 	choices := make([]string, len(g.texts))
 	for c, tokens := range g.texts {
 		choices[c] = fmt.Sprintf(`{"index":%d,"text":%s,"logprobs":null,"finish_reason":%s,"stop_reason":null,"prompt_logprobs":null}`,
-			c, jstr(strings.Join(tokens, "")), jstr(g.finish))
+			c, jstr(strings.Join(tokens, "")), jstr(g.finishes[c]))
 	}
 	body := fmt.Sprintf(`{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[%s],"system_fingerprint":null,"usage":%s}`,
 		jstr(g.id), g.created, jstr(g.model), strings.Join(choices, ","), usageJSON(g.promptTokens, g.completionTokens()))

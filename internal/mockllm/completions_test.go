@@ -124,7 +124,8 @@ func TestCompletionsShapeMatchesOllama(t *testing.T) {
 }
 
 func TestCompletionsNonStream(t *testing.T) {
-	s, ts := start(t, Options{Tokens: 7})
+	n := SentenceLength("Tell me", 7) // A whole sentence: finish "stop".
+	s, ts := start(t, Options{Tokens: n})
 	status, ctype, got := doAt(t, ts.URL, "/v1/completions", `{"model":"mock","prompt":"Tell me","mock":{"tag":"c"}}`)
 	if status != http.StatusOK || ctype != "application/json" {
 		t.Fatalf("status %d Content-Type %q: %s", status, ctype, got)
@@ -134,18 +135,19 @@ func TestCompletionsNonStream(t *testing.T) {
 		t.Fatalf("unexpected body %s", got)
 	}
 	want := `{"id":"` + m[1] + `","object":"text_completion","created":` + m[2] + `,"model":"mock","choices":[{"index":0,"text":` +
-		jstr(CompletionText("Tell me", 7)) + `,"logprobs":null,"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null}],` +
-		`"system_fingerprint":null,"usage":{"prompt_tokens":2,"total_tokens":9,"completion_tokens":7}}`
+		jstr(CompletionText("Tell me", n)) + `,"logprobs":null,"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null}],` +
+		fmt.Sprintf(`"system_fingerprint":null,"usage":{"prompt_tokens":2,"total_tokens":%d,"completion_tokens":%d}}`, 2+n, n)
 	if got != want {
 		t.Errorf("body mismatch\n got: %s\nwant: %s", got, want)
 	}
 	rec, err := s.WaitFor(waitCtx(t), "c", func(r Record) bool { return r.Completed })
-	if err != nil || rec.Endpoint != APICompletions || rec.ChunksSent != 7 || rec.Stream || rec.Status != 200 {
+	if err != nil || rec.Endpoint != APICompletions || rec.ChunksSent != n || rec.Stream || rec.Status != 200 {
 		t.Errorf("record %+v, err %v", rec, err)
 	}
 }
 
-// Several prompts give several answers, n each, numbered as vLLM does;
+// Several prompts give several answers, n each, numbered as vLLM does,
+// each with its own finish reason (the echo fits in max_tokens: "stop");
 // token id prompts count their ids.
 func TestCompletionsSeveralPrompts(t *testing.T) {
 	_, ts := start(t, Options{})
@@ -160,8 +162,9 @@ func TestCompletionsSeveralPrompts(t *testing.T) {
 	if status != http.StatusOK || json.Unmarshal([]byte(got), &resp) != nil || len(resp.Choices) != 4 {
 		t.Fatalf("status %d: %s", status, got)
 	}
+	finishes := []string{"length", "length", "stop", "stop"}
 	for c, want := range []string{CompletionText("Tell me a story", 4), CompletionText("Tell me a story", 4), "Hi!", "Hi!"} {
-		if ch := resp.Choices[c]; ch.Index != c || ch.Text != want || *ch.FinishReason != "length" {
+		if ch := resp.Choices[c]; ch.Index != c || ch.Text != want || *ch.FinishReason != finishes[c] {
 			t.Errorf("choice %d = %+v, want text %q", c, ch, want)
 		}
 	}

@@ -5,7 +5,10 @@
 // (streaming and not), POST /v1/embeddings, GET /v1/models and
 // GET /v1/models/{id}. The completion is a deterministic English story (see
 // CompletionTokens), paced by TokensPerSecond and TTFT, so that the gateway's
-// demo model and its tests can run without a GPU. Options.APIs turns the
+// demo model and its tests can run without a GPU. As with a real engine, an
+// answer finishes "stop" only when it ends at a sentence, and "length" when
+// max_tokens, or the mock's own length, cut it; the demo model's answers
+// (WholeSentences) end at a sentence. Options.APIs turns the
 // inference endpoints off one by one, to play an engine that lacks some.
 //
 // Tests steer a single request with an optional "mock" object in the request
@@ -59,8 +62,13 @@ type Options struct {
 	// before the answer). Headers are sent immediately, as vLLM does.
 	TTFT time.Duration
 	// Tokens is the default completion length in chunks when the request has
-	// no max_tokens; default 16.
+	// no max_tokens; default 16. The answer finishes "stop" when its last
+	// token ends a sentence, "length" when it stops mid-sentence.
 	Tokens int
+	// WholeSentences makes an answer whose length is Tokens (the request
+	// sets no max_tokens, nor the tokens knob) end at a sentence, so that it
+	// finishes "stop": see SentenceLength. The demo model sets it.
+	WholeSentences bool
 	// ReplayDir is the directory of recorded transcripts for the "replay" knob.
 	ReplayDir string
 	// Logger logs each request seen and each cancellation; nil means
@@ -82,12 +90,14 @@ type Options struct {
 }
 
 // DemoOptions returns the options of the gateway's demo model: DemoModel,
-// about 30 tokens per second, 120 tokens by default and a bounded history.
+// about 30 tokens per second, answers of whole sentences up to 120 tokens by
+// default, and a bounded history.
 func DemoOptions() Options {
 	return Options{
 		Models:          []string{DemoModel},
 		TokensPerSecond: 30,
 		Tokens:          120,
+		WholeSentences:  true,
 		MaxRecords:      100,
 	}
 }

@@ -166,8 +166,10 @@ func TestOpenAISDKStream(t *testing.T) {
 	}
 }
 
+// The SDK reads a whole answer; with WholeSentences (the demo model's
+// option) the story ends at a sentence and finishes "stop".
 func TestOpenAISDKNonStream(t *testing.T) {
-	_, ts := start(t, Options{Models: []string{"a", "b"}})
+	_, ts := start(t, Options{Models: []string{"a", "b"}, WholeSentences: true})
 	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("test"), option.WithMaxRetries(0))
 	resp, err := client.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
 		Model:    "b",
@@ -180,10 +182,11 @@ func TestOpenAISDKNonStream(t *testing.T) {
 		t.Fatalf("unexpected response %+v", resp)
 	}
 	c := resp.Choices[0]
-	if c.Message.Content != CompletionText("hello there", 16) || c.FinishReason != "stop" || c.Message.Role != "assistant" {
+	n := SentenceLength("hello there", 16)
+	if c.Message.Content != CompletionText("hello there", n) || c.FinishReason != "stop" || c.Message.Role != "assistant" {
 		t.Errorf("choice = %+v", c)
 	}
-	if resp.Usage.PromptTokens != 3 || resp.Usage.CompletionTokens != 16 || resp.Usage.TotalTokens != 19 {
+	if resp.Usage.PromptTokens != 3 || resp.Usage.CompletionTokens != int64(n) || resp.Usage.TotalTokens != int64(3+n) {
 		t.Errorf("usage = %+v", resp.Usage)
 	}
 
@@ -198,21 +201,28 @@ func TestOpenAISDKNonStream(t *testing.T) {
 	}
 }
 
+// The length comes from max_completion_tokens, max_tokens, the tokens knob
+// or Options.Tokens, in that order. An answer the request's limit cut
+// finishes "length"; one whose length the mock chose finishes "stop" when
+// it ends at a sentence and "length" when that length cut it mid-sentence.
 func TestLengthSelection(t *testing.T) {
 	_, ts := start(t, Options{Tokens: 7})
+	whole := SentenceLength("q", 5) // The first sentence of q's story.
 	cases := []struct {
 		name, extra string
 		n           int
 		finish      string
 	}{
-		{"default from options", ``, 7, "stop"},
+		{"default from options, mid-sentence", ``, 7, "length"},
 		{"max_tokens", `,"max_tokens":4`, 4, "length"},
 		{"max_completion_tokens wins", `,"max_tokens":4,"max_completion_tokens":6`, 6, "length"},
-		{"knob", `,"mock":{"tokens":5}`, 5, "stop"},
+		{"knob, mid-sentence", `,"mock":{"tokens":5}`, 5, "length"},
+		{"knob, a whole sentence", fmt.Sprintf(`,"mock":{"tokens":%d}`, whole), whole, "stop"},
+		{"max_tokens at a sentence end", fmt.Sprintf(`,"max_tokens":%d`, whole), whole, "length"},
 		{"max_tokens beats knob", `,"max_tokens":3,"mock":{"tokens":5}`, 3, "length"},
 		{"repeats past the story", `,"max_tokens":700`, 700, "length"},
 		{"explicit nulls and vLLM extras", `,"max_tokens":null,"max_completion_tokens":null,"stream":null,"stream_options":null,` +
-			`"chat_template_kwargs":{"enable_thinking":false},"reasoning_effort":null,"tools":null,"mock":null,"top_k":-1`, 7, "stop"},
+			`"chat_template_kwargs":{"enable_thinking":false},"reasoning_effort":null,"tools":null,"mock":null,"top_k":-1`, 7, "length"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -105,19 +105,32 @@ func (s *Server) newGen(rec *Record, k knobs, model string) gen {
 	}
 }
 
-// answerTokens returns the n tokens that answer prompt: its story, or, for
-// a prompt that starts with EchoPrefix, the rest of it verbatim (cut to n
-// tokens when the client's limit applies, finish "length").
-func answerTokens(prompt string, n int, finish string) []string {
-	text, ok := strings.CutPrefix(prompt, EchoPrefix)
-	if !ok {
-		return CompletionTokens(prompt, n)
+// answerTokens returns the tokens that answer prompt and their finish
+// reason. A prompt that starts with EchoPrefix gets the rest of it verbatim:
+// cut to l.n tokens when the request's limit applies ("length"), whole
+// otherwise ("stop"). Any other prompt gets its story, l.n tokens long — or,
+// with Options.WholeSentences and no length set by the request or a knob,
+// up to the sentence end SentenceLength finds — which finishes "stop" only
+// when the request's limit did not cut it and its last token ends a
+// sentence: otherwise "length", as a real engine says of an answer cut by
+// max_tokens or by its own limit.
+func (s *Server) answerTokens(prompt string, l answerLength) ([]string, string) {
+	if text, ok := strings.CutPrefix(prompt, EchoPrefix); ok {
+		tokens := EchoTokens(text)
+		if l.limited && len(tokens) >= l.n {
+			return tokens[:l.n], "length"
+		}
+		return tokens, "stop"
 	}
-	tokens := EchoTokens(text)
-	if finish == "length" && len(tokens) > n {
-		tokens = tokens[:n]
+	n := l.n
+	if s.opts.WholeSentences && l.byDefault {
+		n = SentenceLength(prompt, n)
 	}
-	return tokens
+	tokens := CompletionTokens(prompt, n)
+	if l.limited || len(tokens) == 0 || !EndsSentence(tokens[len(tokens)-1]) {
+		return tokens, "length"
+	}
+	return tokens, "stop"
 }
 
 // contextTooLong refuses, as vLLM does, a request whose prompt and

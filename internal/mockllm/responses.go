@@ -18,8 +18,9 @@ type respGen struct {
 	gen
 	req   gjson.Result
 	msgID string
-	// cut is set when max_output_tokens cut the text: the response is then
-	// "incomplete", as vLLM and OpenAI say. (Ollama 0.17.4 says "completed"
+	// cut is set when a token limit cut the text (max_output_tokens, or the
+	// mock's own length mid-sentence: finish "length"): the response is
+	// then "incomplete", as vLLM and OpenAI say. (Ollama 0.17.4 says "completed"
 	// even then; see testdata/ollama-0.17.4/responses_stream.sse.)
 	cut bool
 }
@@ -57,22 +58,21 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	n, finish, err := s.completionLength(req, k, "max_output_tokens")
+	l, err := s.completionLength(req, k, "max_output_tokens")
 	if err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	if err := contextTooLong(prompt, n, "input"); err != nil {
+	if err := contextTooLong(prompt, l.n, "input"); err != nil {
 		s.fail(w, rec, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 
 	g := respGen{gen: s.newGen(rec, k, model), req: req, msgID: newID("msg_")}
 	g.id = newID("resp_")
-	g.tokens = answerTokens(last, n, finish)
-	g.finish = finish
+	g.tokens, g.finish = s.answerTokens(last, l)
 	g.promptTokens = prompt
-	g.cut = finish == "length" && len(g.tokens) >= n
+	g.cut = g.finish == "length"
 	if rec.Stream {
 		s.streamResponse(r.Context(), w, rec, &g)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -114,7 +115,8 @@ func eventTypes(events []sseEvent) []string {
 
 func TestResponsesNonStreamShapeMatchesOllama(t *testing.T) {
 	s, ts := start(t, Options{})
-	status, ctype, got := doAt(t, ts.URL, "/v1/responses", `{"model":"mock","input":[{"role":"user","content":"hi"}],"mock":{"tag":"r","tokens":5}}`)
+	n := SentenceLength("hi", 5) // A whole sentence: "completed".
+	status, ctype, got := doAt(t, ts.URL, "/v1/responses", fmt.Sprintf(`{"model":"mock","input":[{"role":"user","content":"hi"}],"mock":{"tag":"r","tokens":%d}}`, n))
 	if status != http.StatusOK || ctype != "application/json" {
 		t.Fatalf("status %d Content-Type %q: %s", status, ctype, got)
 	}
@@ -127,30 +129,33 @@ func TestResponsesNonStreamShapeMatchesOllama(t *testing.T) {
 		len(r.Output) != 1 || !strings.HasPrefix(r.Output[0].ID, "msg_") || r.Output[0].Role != "assistant" || r.Output[0].Status != "completed" {
 		t.Errorf("response %s", got)
 	}
-	if r.text() != CompletionText("hi", 5) || r.Usage == nil || *r.Usage != (respUsage{2, 5, 7}) {
+	if r.text() != CompletionText("hi", n) || r.Usage == nil || *r.Usage != (respUsage{2, n, 2 + n}) {
 		t.Errorf("text %q usage %+v", r.text(), r.Usage)
 	}
 	rec, err := s.WaitFor(waitCtx(t), "r", func(r Record) bool { return r.Completed })
-	if err != nil || rec.Endpoint != APIResponses || rec.ChunksSent != 5 || rec.Status != 200 || rec.Stream {
+	if err != nil || rec.Endpoint != APIResponses || rec.ChunksSent != n || rec.Status != 200 || rec.Stream {
 		t.Errorf("record %+v, err %v", rec, err)
 	}
 }
 
 // max_output_tokens cuts the text and makes the response "incomplete", as
-// vLLM and OpenAI say; instructions count in the input and come back;
-// input_text parts pick the story as plain content does.
+// vLLM and OpenAI say, and so does the mock's own length when it stops
+// mid-sentence; instructions count in the input and come back; input_text
+// parts pick the story as plain content does.
 func TestResponsesInputAndLimits(t *testing.T) {
-	_, ts := start(t, Options{Tokens: 9})
+	n := SentenceLength("Tell me a story", 9) // A whole sentence: "completed".
+	_, ts := start(t, Options{Tokens: n})
 	cases := []struct {
 		name, body, text, status string
 		input, output            int
 	}{
-		{"string input", `"input":"Tell me a story"`, CompletionText("Tell me a story", 9), "completed", 5, 9},
+		{"string input", `"input":"Tell me a story"`, CompletionText("Tell me a story", n), "completed", 5, n},
 		{"input_text parts and instructions", `"instructions":"Be brief.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Tell me a story"}]}]`,
-			CompletionText("Tell me a story", 9), "completed", 8, 9},
+			CompletionText("Tell me a story", n), "completed", 8, n},
 		{"last user message picks", `"input":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"output_text","text":"b c"}]},{"role":"user","content":"Tell me a story"}]`,
-			CompletionText("Tell me a story", 9), "completed", 2 + 3 + 5, 9},
+			CompletionText("Tell me a story", n), "completed", 2 + 3 + 5, n},
 		{"cut by max_output_tokens", `"input":"Tell me a story","max_output_tokens":3`, CompletionText("Tell me a story", 3), "incomplete", 5, 3},
+		{"cut mid-sentence by the mock's length", `"input":"Tell me a story","mock":{"tokens":3}`, CompletionText("Tell me a story", 3), "incomplete", 5, 3},
 		{"echo shorter than the limit", `"input":"/echo Hi","max_output_tokens":50`, "Hi", "completed", 3, 1},
 	}
 	for _, c := range cases {

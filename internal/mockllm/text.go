@@ -92,6 +92,39 @@ func CompletionTokens(lastUser string, n int) []string {
 	return toks
 }
 
+// EndsSentence reports whether tok, a token of an answer, ends a sentence:
+// its last character, past closing quotes and brackets, is '.', '!' or '?'.
+// A story answer whose length the mock chose finishes "stop" only when its
+// last token ends a sentence; otherwise it was cut, and finishes "length",
+// as a real engine's answer cut by its own token limit does.
+func EndsSentence(tok string) bool {
+	t := strings.TrimRight(tok, `"')]”’`)
+	return strings.HasSuffix(t, ".") || strings.HasSuffix(t, "!") || strings.HasSuffix(t, "?")
+}
+
+// SentenceLength returns how many tokens the answer to lastUser has when
+// it must end at a sentence and should be about n tokens long: up to the
+// last sentence end within the first n tokens, or, when the first sentence
+// is longer than n, up to its end. CompletionTokens(lastUser,
+// SentenceLength(lastUser, n)) is the answer of a server with
+// Options.WholeSentences to a request that sets no length.
+func SentenceLength(lastUser string, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	words := storyFor(lastUser)
+	for k := n; k > 0; k-- {
+		if EndsSentence(words[(k-1)%len(words)]) {
+			return k
+		}
+	}
+	for k := n + 1; ; k++ { // Every story ends with a sentence.
+		if EndsSentence(words[(k-1)%len(words)]) {
+			return k
+		}
+	}
+}
+
 // storyFor picks the story's words by a hash of the last user message.
 func storyFor(lastUser string) []string {
 	h := fnv.New32a()
