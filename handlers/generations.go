@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"html"
 	"net/http"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -68,40 +66,11 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderContentType, "text/event-stream; charset=utf-8")
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set("X-Accel-Buffering", "no") // nginx in front must not buffer the stream
-	// The writer runs after this handler returns, on a *fiber.Ctx Fiber
-	// has reused: it must use only what is copied out here. The server's
-	// done channel closes at shutdown.
-	serverDone := c.Context().Done()
+	// The writer runs after this handler returns: only what is copied out
+	// here (streamBody).
 	log := h.Log
-	conn, stall := c.Context().Conn(), h.StreamWriteTimeout
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		// The writer runs outside every handler: a panic here would end the
-		// process, not this stream.
-		defer func() {
-			if r := recover(); r != nil {
-				log.Error("event stream panicked; it alone ends", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			}
-		}()
+	h.streamBody(ctx, cancel, c, "event stream", func(ctx context.Context, w *bufio.Writer, flush func() error) {
 		defer release()
-		defer cancel()
-		go func() {
-			select {
-			case <-serverDone:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		// Each flush hands bytes to the server's writer, which sends them
-		// under this deadline: a viewer that stops reading (keeping its
-		// socket open) fails the write after stall instead of holding the
-		// connection forever. The next request on the connection starts
-		// without it (web's clearWriteDeadline).
-		flush := func() error {
-			if stall > 0 {
-				_ = conn.SetWriteDeadline(time.Now().Add(stall))
-			}
-			return w.Flush()
-		}
 		// A comment first, so the headers leave at once.
 		if _, err := w.WriteString(": stream\n\n"); err != nil || flush() != nil {
 			return

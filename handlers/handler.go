@@ -121,7 +121,7 @@ func writeResponse(c *fiber.Ctx, r *gateway.Response) error {
 		// first frame: a client may want to stop before the first token.
 		// When that frame is already here, both go in one write: the
 		// client's first byte comes sooner (one system call and one
-		// wake-up of the client fewer; BENCHMARKS.md §20).
+		// wake-up of the client fewer).
 		c.Context().Response.ImmediateHeaderFlush = !r.HeaderWithFirstFrame
 		c.Context().SetBodyStream(r.BodyStream, -1)
 		return nil

@@ -98,32 +98,14 @@ func (h *Handler) UsageExport(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderContentDisposition, `attachment; filename="`+name+`"`)
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set(fiber.HeaderXContentTypeOptions, "nosniff")
-	// The writer runs after this handler returns, on a *fiber.Ctx Fiber has
-	// reused: it uses only what is copied out here.
+	// The writer runs after this handler returns: only what is copied out
+	// here (streamBody). A client that stops reading fails a write after
+	// StreamWriteTimeout instead of keeping the rows' query open.
 	db, log, user := h.DB, h.Log, sess.UserID
-	conn, stall := c.Context().Conn(), h.StreamWriteTimeout
-	serverDone := c.Context().Done()
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			select {
-			case <-serverDone:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		// A client that stops reading fails a write after stall instead of
-		// keeping the rows' query open (web's clearWriteDeadline lifts the
-		// deadline for the connection's next request).
-		flushed := func() error {
-			if stall > 0 {
-				_ = conn.SetWriteDeadline(time.Now().Add(stall))
-			}
-			return w.Flush()
-		}
-		_ = flushed() // arm the deadline before the first rows
-		if err := usageexport.Write(ctx, db, w, format, since, user, flushed); err != nil && !errors.Is(err, context.Canceled) {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.streamBody(ctx, cancel, c, "usage export", func(ctx context.Context, w *bufio.Writer, flush func() error) {
+		_ = flush() // arm the deadline before the first rows
+		if err := usageexport.Write(ctx, db, w, format, since, user, flush); err != nil && !errors.Is(err, context.Canceled) {
 			// The status has left already: the download ends short.
 			log.Warn("usage export cut short", "user", user, "format", format, "err", err)
 		}

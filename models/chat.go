@@ -230,6 +230,39 @@ func ConversationMessages(ctx context.Context, db *gorm.DB, id string) ([]Messag
 // ErrBusy means a conversation already has a message being generated.
 var ErrBusy = errors.New("a reply is still being generated in this conversation")
 
+// oneStreamingIndex is the partial unique index that allows one streaming
+// message per conversation (both dialects); the search migration creates
+// it with its own objects (migrateSearch).
+const oneStreamingIndex = "idx_messages_one_streaming"
+
+// createOneStreamingIndex closes the streaming messages that would break
+// the one-per-conversation rule (all but the newest of a conversation:
+// left by a race this index now prevents) and creates the index.
+func createOneStreamingIndex(tx *gorm.DB) error {
+	err := tx.Exec(`UPDATE messages SET status = ?, reason = ?, updated_at = ? WHERE status = ? AND id NOT IN
+		(SELECT MAX(id) FROM messages WHERE status = ? GROUP BY conversation_id)`,
+		MessageError, "gateway_restart", time.Now().UTC(), MessageStreaming, MessageStreaming).Error
+	if err != nil {
+		return fmt.Errorf("close duplicate streaming messages: %w", err)
+	}
+	if err := tx.Exec("CREATE UNIQUE INDEX IF NOT EXISTS " + oneStreamingIndex +
+		" ON messages (conversation_id) WHERE status = '" + MessageStreaming + "'").Error; err != nil {
+		return fmt.Errorf("create index %s: %w", oneStreamingIndex, err)
+	}
+	return nil
+}
+
+// isOneStreamingViolation tells whether err is the partial unique index
+// refusing a second streaming message in a conversation (SQLite names the
+// column, PostgreSQL the index).
+func isOneStreamingViolation(err error) bool {
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, oneStreamingIndex) || strings.Contains(s, "UNIQUE constraint failed: messages.conversation_id")
+}
+
 // StartExchange stores a person's message and the assistant's streaming
 // reply in conversation c, in one transaction that fails with ErrBusy when
 // another reply is still streaming there (on any replica). The first

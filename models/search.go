@@ -189,7 +189,7 @@ func tsQuery(terms []string) string {
 // The walk wins by far when the words are in most of the person's
 // messages ("the", "go", a letter: 95,000 matches of 100,000 messages cost
 // 140–280 ms on PostgreSQL and ~30 ms on SQLite through the index, 5–8 ms
-// walking; BENCHMARKS.md §9) and loses by far when they are rare. It is
+// walking) and loses by far when they are rare. It is
 // tried when the words look common (SQLite: all short enough for the
 // prefix indexes, which also makes a check cheap; PostgreSQL: the planner
 // expects them in pgWalkShare of the person's messages), over at most a

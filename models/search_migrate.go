@@ -2,8 +2,6 @@ package models
 
 import (
 	"fmt"
-	"strings"
-	"time"
 
 	"gorm.io/gorm"
 )
@@ -12,7 +10,6 @@ import (
 // older Moonji created that it removes.
 const (
 	searchFTS          = "search_fts"                  // SQLite
-	oneStreamingIndex  = "idx_messages_one_streaming"  // both
 	searchMigrationKey = 0x6d6f6f6e6a690009            // PostgreSQL advisory lock: "moonji", issue 9
 	oldMessagesFTS     = "messages_fts"                // SQLite, before issue 42
 	oldTitlesFTS       = "conversations_fts"           // SQLite, before issue 42
@@ -212,32 +209,4 @@ func migrateSearchSQLite(db *gorm.DB) error {
 		}
 		return nil
 	})
-}
-
-// createOneStreamingIndex closes the streaming messages that would break
-// the one-per-conversation rule (all but the newest of a conversation:
-// left by a race this index now prevents) and creates the index.
-func createOneStreamingIndex(tx *gorm.DB) error {
-	err := tx.Exec(`UPDATE messages SET status = ?, reason = ?, updated_at = ? WHERE status = ? AND id NOT IN
-		(SELECT MAX(id) FROM messages WHERE status = ? GROUP BY conversation_id)`,
-		MessageError, "gateway_restart", time.Now().UTC(), MessageStreaming, MessageStreaming).Error
-	if err != nil {
-		return fmt.Errorf("close duplicate streaming messages: %w", err)
-	}
-	if err := tx.Exec("CREATE UNIQUE INDEX IF NOT EXISTS " + oneStreamingIndex +
-		" ON messages (conversation_id) WHERE status = '" + MessageStreaming + "'").Error; err != nil {
-		return fmt.Errorf("create index %s: %w", oneStreamingIndex, err)
-	}
-	return nil
-}
-
-// isOneStreamingViolation tells whether err is the partial unique index
-// refusing a second streaming message in a conversation (SQLite names the
-// column, PostgreSQL the index).
-func isOneStreamingViolation(err error) bool {
-	if err == nil {
-		return false
-	}
-	s := err.Error()
-	return strings.Contains(s, oneStreamingIndex) || strings.Contains(s, "UNIQUE constraint failed: messages.conversation_id")
 }

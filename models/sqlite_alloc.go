@@ -13,8 +13,7 @@ import (
 // ends — its program, its registers, the 1 KiB chunks of its statement
 // journal — so under a steady write load the same few pages were mapped
 // and unmapped for every statement: munmap (with its TLB shootdown on a
-// multi-threaded process) was a quarter of the ledger writer's CPU
-// (BENCHMARKS.md §17).
+// multi-threaded process) was a quarter of the ledger writer's CPU.
 //
 // keepAllocatorPages holds one slot in each of a few pages of every size
 // class for the life of the process, so those pages are never empty and

@@ -10,8 +10,6 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
-
-	"moonji/internal/spareproc"
 )
 
 // Outcomes of a request in the usage ledger.
@@ -39,7 +37,7 @@ type Usage struct {
 	InferenceID string `gorm:"primaryKey;size:40"`
 	// Every index here is one more B-tree the ledger writes for every row
 	// (rebalancing the right edges of seven of them was ~40 % of the SQLite
-	// writer's CPU at 1,000 req/s, BENCHMARKS.md §22), so each serves a
+	// writer's CPU at 1,000 req/s), so each serves a
 	// query that needs it; TestUsageIndexes pins the set.
 	//
 	// Outcome and CreatedAt are indexed together for the dashboards'
@@ -297,10 +295,6 @@ func EachUsageOf(ctx context.Context, db *gorm.DB, since time.Time, userID uint,
 	if userID != 0 {
 		q = q.Where("user_id = ?", userID)
 	}
-	// Reading the rows one by one runs SQLite outside gorm's callbacks
-	// (lendWhileQuerying), for as long as the export takes.
-	spareproc.Lend()
-	defer spareproc.Return()
 	rows, err := q.Order("created_at, inference_id").Rows()
 	if err != nil {
 		return fmt.Errorf("read usage: %w", err)

@@ -35,7 +35,6 @@ import (
 	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
-	"moonji/internal/spareproc"
 	"moonji/internal/stop"
 	"moonji/models"
 )
@@ -198,12 +197,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		}
 	})
 	s.Ledger = ledger.New(db, log)
-	// The ledger's commits run on a thread of the lowest priority, which
-	// the kernel preempts for request threads on the same core — but only
-	// if those have a P to run on: on one CPU, the process is lent a second
-	// while a batch is written, and while SQLite works for a page
-	// (BENCHMARKS.md §16, §19, §28).
-	spareproc.Enable()
 	s.Ledger.UseJournal(j, pendingAfter)
 	s.closers = append(s.closers, s.Ledger.Close)
 	s.keys = apikey.NewStore(db, log, 30*time.Second)

@@ -82,11 +82,12 @@ func startCluster(t *testing.T, n int, real bool, opts ...envOption) *cluster {
 
 // streamed is a stream being read in the background.
 type streamed struct {
-	id     string
-	mu     sync.Mutex
-	frames []frameAt
-	done   chan struct{}
-	body   strings.Builder
+	id      string
+	started time.Time // when its answer's header arrived
+	mu      sync.Mutex
+	frames  []frameAt
+	done    chan struct{}
+	body    strings.Builder
 }
 
 type frameAt struct {
@@ -103,7 +104,7 @@ func startStream(t *testing.T, e *testEnv, key, body string) *streamed {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("stream: status %d: %s", resp.StatusCode, readAll(t, resp.Body))
 	}
-	s := &streamed{id: resp.Header.Get("X-Inference-Id"), done: make(chan struct{})}
+	s := &streamed{id: resp.Header.Get("X-Inference-Id"), started: time.Now(), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		defer resp.Body.Close()
@@ -618,8 +619,10 @@ func TestStopFromTheWebKeepsWhatWasSeen(t *testing.T) {
 }
 
 // A stop sent to another replica for a request so young that its pending
-// row is not written yet (the journal holds it) waits for the row and stops
-// it. (internal/gateway's TestStopWaitsAreBounded: a flood of made-up ids.)
+// row is not written yet (the journal holds it) stops it: the replica that
+// runs it decides, no row needed. (TestYoungStopAcrossReplicas: someone
+// else's stop, and both routes; internal/gateway's TestStopWaitsAreBounded:
+// a flood of made-up ids.)
 func TestStopOfAYoungRequestElsewhere(t *testing.T) {
 	c := startCluster(t, 2, false)
 	a, b := c.replicas[0], c.replicas[1]

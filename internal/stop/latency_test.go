@@ -94,8 +94,8 @@ func BenchmarkStopLatency(b *testing.B) {
 // subscription and then refuses commands.
 type failingBus struct{ LocalBus }
 
-func (*failingBus) Publish(context.Context, Message) error {
-	return errors.New("connection refused")
+func (*failingBus) Publish(context.Context, Message) (int, error) {
+	return 0, errors.New("connection refused")
 }
 
 func TestPublishFailureIsUnavailable(t *testing.T) {
@@ -116,7 +116,7 @@ func TestPublishFailureIsUnavailable(t *testing.T) {
 		t.Fatalf("failed after %v, want at once", took)
 	}
 	// Local stops do not need the bus.
-	r := s.Begin(context.Background(), "inf_local", nil)
+	r := s.Begin(context.Background(), "inf_local", 0, nil)
 	go func() {
 		for !r.Stopped() {
 			time.Sleep(time.Millisecond)

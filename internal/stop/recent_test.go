@@ -12,13 +12,13 @@ import (
 func TestRecentSetGenerations(t *testing.T) {
 	r := newRecentSet(time.Hour) // the timer never fires here
 	defer r.Close()
-	r.Add("inf_a")
+	r.Add("inf_a", 42)
 	for i := range recentGenerations {
-		if !r.Has("inf_a") {
-			t.Fatalf("forgotten after %d of %d rotations", i, recentGenerations)
+		if v, ok := r.Get("inf_a"); !ok || v != 42 {
+			t.Fatalf("after %d of %d rotations: Get = %d, %v; want 42", i, recentGenerations, v, ok)
 		}
 		r.rotate()
-		r.Add(fmt.Sprintf("inf_later%d", i))
+		r.Add(fmt.Sprintf("inf_later%d", i), uint64(i))
 	}
 	if !r.Has("inf_a") {
 		t.Fatalf("forgotten after %d rotations, within its retention", recentGenerations)
@@ -42,7 +42,7 @@ func TestRecentSetGenerations(t *testing.T) {
 func TestRecentSetForgetsOnItsOwn(t *testing.T) {
 	r := newRecentSet(40 * time.Millisecond)
 	defer r.Close()
-	r.Add("inf_a")
+	r.Add("inf_a", 0)
 	deadline := time.Now().Add(5 * time.Second)
 	for r.Has("inf_a") {
 		if time.Now().After(deadline) {
@@ -59,9 +59,9 @@ func TestRecentSetForgetsOnItsOwn(t *testing.T) {
 // ending after its Service closed) is harmless.
 func TestRecentSetClose(t *testing.T) {
 	r := newRecentSet(time.Minute)
-	r.Add("inf_a")
+	r.Add("inf_a", 0)
 	r.Close()
-	r.Add("inf_b")
+	r.Add("inf_b", 0)
 	r.rotate() // a timer that fired just before Close
 	if r.Has("inf_a") || r.Has("inf_b") || r.Len() != 0 {
 		t.Fatal("a closed set remembers ids")
@@ -89,7 +89,7 @@ func BenchmarkRecentSetMemory(b *testing.B) {
 			if i > 0 && i%perGeneration == 0 {
 				r.rotate()
 			}
-			r.Add(id)
+			r.Add(id, uint64(i))
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

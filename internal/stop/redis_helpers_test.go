@@ -335,10 +335,15 @@ type owner struct {
 	onStopped atomic.Int32
 }
 
-func (r *replica) own(id string) *owner {
+// own begins id on r for nobody in particular: only a Caller with Any (the
+// System of Request) may stop it.
+func (r *replica) own(id string) *owner { return r.ownFor(id, 0) }
+
+// ownFor begins id on r for person who.
+func (r *replica) ownFor(id string, who uint) *owner {
 	o := &owner{stopped: make(chan struct{})}
 	var once sync.Once
-	o.run = r.svc.Begin(context.Background(), id, func() {
+	o.run = r.svc.Begin(context.Background(), id, who, func() {
 		o.onStopped.Add(1)
 		once.Do(func() { close(o.stopped) })
 	})

@@ -64,9 +64,10 @@ func (o RedisOptions) withDefaults() RedisOptions {
 }
 
 // RedisBus is a Bus over Redis pub/sub: one subscription per replica on the
-// channel "<prefix>stop", and for every stop a key "<prefix>stop:<id>" written
-// in the same MULTI as the PUBLISH, so the key exists before any replica can
-// receive the message. It implements KeyStore with that key.
+// channel "<prefix>stop", and for every stop a key "<prefix>stops:<id>" (the
+// set of its stops, keyMember) written in the same MULTI as the PUBLISH, so
+// the key exists before any replica can receive the message. It implements
+// KeyStore with that key.
 type RedisBus struct {
 	client  redis.UniversalClient
 	opts    RedisOptions
@@ -100,8 +101,10 @@ func NewRedisBus(client redis.UniversalClient, opts RedisOptions) *RedisBus {
 // Channel returns the pub/sub channel name.
 func (b *RedisBus) Channel() string { return b.channel }
 
-// StopKey returns the Redis key that records a stop of id.
-func (b *RedisBus) StopKey(id string) string { return b.opts.Prefix + "stop:" + id }
+// StopKey returns the Redis key that records the stops of id: a set of
+// keyMember strings. (Not "stop:<id>", the string key of the v1 wire format,
+// so that a replica of each kind never meets the other's type.)
+func (b *RedisBus) StopKey(id string) string { return b.opts.Prefix + "stops:" + id }
 
 // Start subscribes and returns once Redis has confirmed the subscription
 // (anything published before that is lost to this replica). If ctx ends
@@ -296,54 +299,62 @@ func (b *RedisBus) replacePubSub(ctx context.Context) {
 	_ = old.Close()
 }
 
-// Publish broadcasts m. A stop also sets the stop key, in one MULTI with the
-// PUBLISH, so that a replica that misses the message (not yet subscribed,
-// disconnected, or starting the inference just now) finds the key.
-func (b *RedisBus) Publish(ctx context.Context, m Message) error {
+// Publish broadcasts m. A stop is also added to the stop key, in one
+// MULTI with the PUBLISH, so that a replica that misses the message (not yet
+// subscribed, disconnected, or starting the inference just now) finds the
+// key and can tell whether the caller may stop it. It returns the PUBLISH's
+// count of subscriptions that received m.
+func (b *RedisBus) Publish(ctx context.Context, m Message) (int, error) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
 	if closed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	payload := m.encode()
+	var pub *redis.IntCmd
 	var err error
 	if m.Kind == KindStop {
+		key := b.StopKey(m.ID)
 		_, err = b.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Set(ctx, b.StopKey(m.ID), m.From, b.opts.KeyTTL)
-			p.Publish(ctx, b.channel, payload)
+			p.SAdd(ctx, key, keyMember(m))
+			p.Expire(ctx, key, b.opts.KeyTTL)
+			pub = p.Publish(ctx, b.channel, payload)
 			return nil
 		})
 	} else {
-		err = b.client.Publish(ctx, b.channel, payload).Err()
+		pub = b.client.Publish(ctx, b.channel, payload)
+		err = pub.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("stop: publish %s for %s on %q: %w", m.Kind, m.ID, b.channel, err)
+		return 0, fmt.Errorf("stop: publish %s for %s on %q: %w", m.Kind, m.ID, b.channel, err)
 	}
-	return nil
+	return int(pub.Val()), nil
 }
 
-// StoppedIDs checks the stop keys of ids with one pipeline of EXISTS (one
-// round trip; EXISTS rather than MGET so that a Redis Cluster can split the
-// pipeline by slot).
-func (b *RedisBus) StoppedIDs(ctx context.Context, ids []string) ([]string, error) {
+// Stops reads the stop keys of ids with one pipeline of SMEMBERS (one round
+// trip; a pipeline rather than one multi-key command so that a Redis Cluster
+// can split it by slot).
+func (b *RedisBus) Stops(ctx context.Context, ids []string) ([][]Message, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.IntCmd, len(ids))
+	cmds := make([]*redis.StringSliceCmd, len(ids))
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.Exists(ctx, b.StopKey(id))
+			cmds[i] = p.SMembers(ctx, b.StopKey(id))
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stop: check %d stop keys: %w", len(ids), err)
 	}
-	var out []string
+	out := make([][]Message, len(ids))
 	for i, c := range cmds {
-		if c.Val() > 0 {
-			out = append(out, ids[i])
+		for _, v := range c.Val() {
+			if m, err := parseKeyMember(ids[i], v); err == nil {
+				out[i] = append(out[i], m)
+			}
 		}
 	}
 	return out, nil

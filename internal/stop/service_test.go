@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,19 +14,52 @@ import (
 
 func TestMessageWireFormat(t *testing.T) {
 	for _, m := range []Message{
-		{Kind: KindStop, ID: "inf_1", From: "a", Seen: -1},
-		{Kind: KindStop, ID: "inf_3", From: "a", Seen: 17},
-		{Kind: KindAck, ID: "inf_with|pipe", From: "b", Seen: -1},
-		{Kind: KindFinished, ID: "inf_2", From: "", Seen: -1},
+		{Kind: KindStop, ID: "inf_1", From: "a", Ref: 1, Seen: -1, By: Caller{UserID: 7}},
+		{Kind: KindStop, ID: "inf_3", From: "a", Ref: 1 << 63, Seen: 17, By: System},
+		{Kind: KindAck, ID: "inf_with|pipe", From: "b", To: "a", Ref: 3, Seen: -1},
+		{Kind: KindFinished, ID: "inf_2", From: "", To: "a", Seen: -1, Outcome: "success"},
+		{Kind: KindNone, ID: "inf_2", From: "c", To: "a", Ref: 9, Seen: -1},
 	} {
 		got, err := decodeMessage(m.encode())
 		if err != nil || got != m {
 			t.Fatalf("round trip of %+v: got %+v, %v", m, got, err)
 		}
 	}
-	for _, bad := range []string{"", "v1|stop|a", "v1|stop|a|inf", "v2|stop|a|-1|inf", "v1|nope|a|-1|inf", "v1|stop|a|-1|", "v1|stop|a|x|inf"} {
+	for _, bad := range []string{"", "v1|stop|a|-1|inf", "v2|stop|a||1|-1|u1|", "v2|stop|a||1|-1|u1||", "v2|nope|a||1|-1|u1||inf",
+		"v2|stop|a||x|-1|u1||inf", "v2|stop|a||1|x|u1||inf", "v2|stop|a||1|-1|7||inf", "v2|stop|a||1|-1|u-1||inf"} {
 		if _, err := decodeMessage(bad); err == nil {
 			t.Fatalf("decodeMessage(%q) accepted", bad)
+		}
+	}
+	// A stop key member names the caller and the request to answer.
+	m := Message{Kind: KindStop, ID: "inf_k|x", From: "replica-a", Ref: 12, Seen: -1, By: Caller{UserID: 42}}
+	if got, err := parseKeyMember(m.ID, keyMember(m)); err != nil || got != m {
+		t.Fatalf("key member round trip of %+v: %+v, %v", m, got, err)
+	}
+	for _, bad := range []string{"", "u1|a", "x|a|1", "u1|a|x", "u1|a|1|2"} {
+		if _, err := parseKeyMember("inf", bad); err == nil {
+			t.Fatalf("parseKeyMember(%q) accepted", bad)
+		}
+	}
+}
+
+// The usage row's rule: a person stops their own inferences, Any stops
+// every one, and an inference begun for nobody only Any may stop.
+func TestCallerMayStop(t *testing.T) {
+	for _, c := range []struct {
+		by    Caller
+		owner uint
+		want  bool
+	}{
+		{Caller{UserID: 7}, 7, true},
+		{Caller{UserID: 7}, 8, false},
+		{Caller{UserID: 0}, 0, false},
+		{Caller{UserID: 7}, 0, false},
+		{System, 0, true},
+		{Caller{UserID: 3, Any: true}, 8, true},
+	} {
+		if got := c.by.MayStop(c.owner); got != c.want {
+			t.Errorf("%+v.MayStop(%d) = %v, want %v", c.by, c.owner, got, c.want)
 		}
 	}
 }
@@ -49,13 +83,19 @@ func TestStopAcrossReplicas(t *testing.T) {
 			t.Fatal("owner's onStop did not fire before the ack")
 		}
 		t.Logf("remote stop acked in %v", res.Latency)
-		// Every replica hears the broadcast.
-		waitFor(t, 2*time.Second, "C to hear the stop", func() bool { return c.holder.Stopped("inf_x") })
+		// Only the owner marks its holder: a stop is the owner's to decide.
+		if b.holder.Stopped("inf_x") || c.holder.Stopped("inf_x") {
+			t.Error("a replica that does not run inf_x recorded its stop")
+		}
 
-		// The stop key exists with the holder's TTL.
+		// The stop key names the caller and exists with the holder's TTL.
 		ttl, err := be.admin.TTL(ctx, a.bus.StopKey("inf_x")).Result()
 		if err != nil || ttl <= 0 || ttl > DefaultTTL {
 			t.Fatalf("stop key TTL = %v, %v; want (0, %v]", ttl, err, DefaultTTL)
+		}
+		members, err := be.admin.SMembers(ctx, a.bus.StopKey("inf_x")).Result()
+		if err != nil || len(members) != 1 || !strings.HasPrefix(members[0], "*|B|") {
+			t.Fatalf("stop key members = %q, %v; want B's system stop", members, err)
 		}
 
 		// A second stop while the run is still registered is answered again.
@@ -71,10 +111,105 @@ func TestStopAcrossReplicas(t *testing.T) {
 		// its own is answered at once, as finished. (A fresh id: a late ack
 		// of inf_x may legitimately answer first, since an ack stays true.)
 		o.run.End()
-		a.svc.Begin(ctx, "inf_y", func() { t.Error("onStop after End") }).End()
+		a.svc.Begin(ctx, "inf_y", 0, func() { t.Error("onStop after End") }).EndWith("success")
 		res, err = b.svc.Request(ctx, "inf_y")
-		if err != nil || !res.Acked || !res.Finished {
-			t.Fatalf("Request after End: %+v, %v; want finished", res, err)
+		if err != nil || !res.Acked || !res.Finished || res.Outcome != "success" {
+			t.Fatalf("Request after End: %+v, %v; want finished with success", res, err)
+		}
+	})
+}
+
+// TestStopIsTheOwnersToDecide: a stop carries its caller, and the replica
+// that runs the inference decides. Someone else's inference and one nobody
+// runs get the same answer (NoOwner) once every replica has said so — not a
+// timeout, with AckTimeout far away — and someone else's keeps running.
+func TestStopIsTheOwnersToDecide(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		cfg := replicaConfig{svc: Options{AckTimeout: 5 * time.Second}}
+		a := newReplica(t, be, "A", cfg)
+		b := newReplica(t, be, "B", cfg)
+		newReplica(t, be, "C", cfg)
+		ctx := context.Background()
+		const alice, bob = 7, 8
+		o := a.ownFor("inf_alice", alice)
+
+		for _, c := range []struct {
+			name string
+			via  *replica
+			id   string
+		}{
+			{"someone else's, from another replica", b, "inf_alice"},
+			{"someone else's, on the owner", a, "inf_alice"},
+			{"unknown, from another replica", b, "inf_nobody"},
+			{"unknown, on a replica", a, "inf_nobody"},
+		} {
+			res, err := c.via.svc.RequestAs(ctx, c.id, 3, Caller{UserID: bob})
+			if err != nil || !res.NoOwner || res.Acked || res.TimedOut || res.Finished {
+				t.Fatalf("%s: %+v, %v; want NoOwner", c.name, res, err)
+			}
+		}
+		if o.wasStopped() || a.holder.Stopped("inf_alice") {
+			t.Fatal("bob's stop stopped alice's inference")
+		}
+		if _, ok := o.run.Seen(); ok {
+			t.Error("bob's seen count was kept for alice's inference")
+		}
+
+		// Alice's own stop, from another replica, is acknowledged.
+		res, err := b.svc.RequestAs(ctx, "inf_alice", 2, Caller{UserID: alice})
+		if err != nil || !res.Acked || res.Finished || res.Local {
+			t.Fatalf("alice's stop: %+v, %v; want acked by the remote owner", res, err)
+		}
+		if n, ok := o.run.Seen(); !ok || n != 2 {
+			t.Errorf("Seen = %d, %v; want alice's 2", n, ok)
+		}
+		o.run.EndWith("stopped")
+
+		// Once finished, the owner still tells alice how it ended, and
+		// still nobody else that it exists.
+		res, err = b.svc.RequestAs(ctx, "inf_alice", -1, Caller{UserID: alice})
+		if err != nil || !res.Finished || res.Outcome != "stopped" {
+			t.Fatalf("alice's stop after the end: %+v, %v; want finished, stopped", res, err)
+		}
+		res, err = a.svc.RequestAs(ctx, "inf_alice", -1, Caller{UserID: alice})
+		if err != nil || !res.Finished || !res.Local || res.Outcome != "stopped" {
+			t.Fatalf("alice's stop on the owner after the end: %+v, %v; want finished locally", res, err)
+		}
+		for _, via := range []*replica{a, b} {
+			res, err = via.svc.RequestAs(ctx, "inf_alice", -1, Caller{UserID: bob})
+			if err != nil || !res.NoOwner {
+				t.Fatalf("bob's stop via %s after the end: %+v, %v; want NoOwner", via.name, res, err)
+			}
+		}
+		// An administrator may stop, and learn about, anyone's.
+		res, err = b.svc.RequestAs(ctx, "inf_alice", -1, Caller{UserID: bob, Any: true})
+		if err != nil || !res.Finished || res.Outcome != "stopped" {
+			t.Fatalf("an administrator's stop after the end: %+v, %v; want finished", res, err)
+		}
+	})
+}
+
+// TestEarlyStopHonoursItsCaller: a stop recorded before its run begins
+// (the chat's id is out before its request starts) stops the run only if
+// its caller may.
+func TestEarlyStopHonoursItsCaller(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		a := newReplica(t, be, "A", replicaConfig{})
+		b := newReplica(t, be, "B", replicaConfig{})
+		ctx := context.Background()
+		for _, id := range []string{"inf_early_a", "inf_early_b"} {
+			if res, err := b.svc.RequestAs(ctx, id, -1, Caller{UserID: 8}); err != nil || !res.NoOwner {
+				t.Fatalf("early stop of %s: %+v, %v; want NoOwner", id, res, err)
+			}
+		}
+		if res, err := b.svc.RequestAs(ctx, "inf_early_b", -1, Caller{UserID: 7}); err != nil || !res.NoOwner {
+			t.Fatalf("early stop: %+v, %v; want NoOwner", res, err)
+		}
+		if oa := a.ownFor("inf_early_a", 7); oa.wasStopped() {
+			t.Fatal("someone else's early stop stopped the run")
+		}
+		if ob := a.ownFor("inf_early_b", 7); !ob.wasStopped() || !ob.run.Stopped() {
+			t.Fatal("the owner's early stop did not stop the run")
 		}
 	})
 }
@@ -87,11 +222,10 @@ func TestStopOnOwningReplica(t *testing.T) {
 		if err != nil || !res.Acked || !res.Local {
 			t.Fatalf("local Request: %+v, %v; want acked locally", res, err)
 		}
-		// The best-effort broadcast still records the key.
-		waitFor(t, 2*time.Second, "stop key", func() bool {
-			n, _ := be.admin.Exists(context.Background(), a.bus.StopKey("inf_local")).Result()
-			return n == 1
-		})
+		// Nothing to tell the others: no key, no broadcast.
+		if n, _ := be.admin.Exists(context.Background(), a.bus.StopKey("inf_local")).Result(); n != 0 {
+			t.Error("a local stop wrote the stop key")
+		}
 		if o.onStopped.Load() != 1 {
 			t.Fatalf("onStop fired %d times, want 1", o.onStopped.Load())
 		}
@@ -100,7 +234,7 @@ func TestStopOnOwningReplica(t *testing.T) {
 
 func TestStopBeforeStart(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be *backend) {
-		cfg := replicaConfig{svc: Options{AckTimeout: 300 * time.Millisecond}}
+		cfg := replicaConfig{svc: Options{AckTimeout: 3 * time.Second}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
 		ctx := context.Background()
@@ -109,29 +243,57 @@ func TestStopBeforeStart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Request: %v", err)
 		}
-		if !res.TimedOut || res.Acked {
-			t.Fatalf("Request for an id nobody runs: %+v, want timed out", res)
-		}
-		if res.Latency < 300*time.Millisecond || res.Latency > 1500*time.Millisecond {
-			t.Fatalf("timed out after %v, want about the 300ms AckTimeout", res.Latency)
+		if !res.NoOwner || res.Acked || res.TimedOut {
+			t.Fatalf("Request for an id nobody runs: %+v, want NoOwner", res)
 		}
 
-		// A subscribed replica heard the broadcast: its start is stopped at
-		// once, from the holder alone.
-		waitFor(t, 2*time.Second, "A to hear the stop", func() bool { return a.holder.Stopped("inf_early") })
+		// A's start finds the stop key.
 		oa := a.own("inf_early")
 		if !oa.wasStopped() || !oa.run.Stopped() {
 			t.Fatal("Begin on A did not see the earlier stop")
 		}
 
-		// A replica that was not even running at publish time finds the key.
+		// So does a replica that was not even running at publish time.
 		d := newReplica(t, be, "D", cfg)
-		if d.holder.Stopped("inf_early") {
-			t.Fatal("D's holder cannot know yet; the test would prove nothing")
-		}
 		od := d.own("inf_early")
 		if !od.wasStopped() || !od.run.Stopped() {
 			t.Fatal("Begin on late replica D did not find the stop key")
+		}
+	})
+}
+
+// TestEarlyStopOnTheRunningReplica: a stop a replica published before it
+// began the inference itself (a chat reply's id is out before its request
+// starts) is found by Begin's key check, which answers the request still
+// waiting — here kept waiting by a subscriber that never answers.
+func TestEarlyStopOnTheRunningReplica(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be *backend) {
+		a := newReplica(t, be, "A", replicaConfig{svc: Options{AckTimeout: 10 * time.Second}})
+		silent := be.admin.Subscribe(context.Background(), a.bus.Channel())
+		defer silent.Close()
+		if _, err := silent.Receive(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		type answer struct {
+			res Result
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			res, err := a.svc.RequestAs(context.Background(), "inf_mine_early", -1, Caller{UserID: 7})
+			done <- answer{res, err}
+		}()
+		waitFor(t, 5*time.Second, "the stop key", func() bool {
+			n, _ := be.admin.Exists(context.Background(), a.bus.StopKey("inf_mine_early")).Result()
+			return n == 1
+		})
+		o := a.ownFor("inf_mine_early", 7)
+		ans := <-done
+		if ans.err != nil || !ans.res.Acked || ans.res.TimedOut {
+			t.Fatalf("the early stop: %+v, %v; want acked once the run began", ans.res, ans.err)
+		}
+		if !o.wasStopped() {
+			t.Fatal("the run was not stopped")
 		}
 	})
 }
@@ -160,25 +322,26 @@ func TestStopWhileRedisRestarts(t *testing.T) {
 		t.Fatal("A re-subscribed before the stop; the test would prove nothing")
 	}
 
+	// Redis knows A is not subscribed: B hears from nobody, so nobody runs
+	// it as far as the bus can tell, and the caller falls back to storage.
 	res, err := b.svc.Request(context.Background(), "inf_restart")
-	if err != nil {
-		t.Fatalf("Request: %v", err)
+	if err != nil || !res.NoOwner {
+		t.Fatalf("Request: %+v, %v; want NoOwner while A is away", res, err)
 	}
-	if !res.Acked {
-		t.Fatalf("Request: %+v, want acked once A re-subscribed and found the key", res)
+	select {
+	case <-o.stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("A did not find the stop key after re-subscribing")
 	}
 	if a.resubs.Load() != 1 {
 		t.Fatalf("A re-subscribed %d times, want 1", a.resubs.Load())
 	}
-	if !o.wasStopped() {
-		t.Fatal("owner not stopped")
-	}
-	t.Logf("stop published during A's reconnection gap acked after %v", res.Latency)
 }
 
 // TestStopDuringPartition cuts replica A off from Redis, publishes a stop from
 // B meanwhile, then heals: A must find the stop through the key check that
-// follows its re-subscription, and B's waiting Request must get the ack.
+// follows its re-subscription. B's Request does not wait for A: Redis says
+// nobody else heard it.
 func TestStopDuringPartition(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be *backend) {
 		a := newReplica(t, be, "A", replicaConfig{bus: RedisOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}})
@@ -186,34 +349,26 @@ func TestStopDuringPartition(t *testing.T) {
 		o := a.own("inf_part")
 
 		a.gate.cut()
-		type answer struct {
-			res Result
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
-			res, err := b.svc.Request(context.Background(), "inf_part")
-			done <- answer{res, err}
-		}()
-		// The stop is published now (B is connected) and lost for A.
-		waitFor(t, 2*time.Second, "the stop key", func() bool {
-			n, _ := be.admin.Exists(context.Background(), b.bus.StopKey("inf_part")).Result()
-			return n == 1
+		waitFor(t, 2*time.Second, "Redis to drop A's subscription", func() bool {
+			n, _ := be.admin.PubSubNumSub(context.Background(), b.bus.Channel()).Result()
+			return n[b.bus.Channel()] == 1
 		})
-		time.Sleep(100 * time.Millisecond)
+		res, err := b.svc.Request(context.Background(), "inf_part")
+		if err != nil || !res.NoOwner {
+			t.Fatalf("Request: %+v, %v; want NoOwner while A is cut off", res, err)
+		}
 		if o.wasStopped() {
 			t.Fatal("A stopped while partitioned; the test would prove nothing")
 		}
 		a.gate.heal()
-
-		ans := <-done
-		if ans.err != nil || !ans.res.Acked {
-			t.Fatalf("Request: %+v, %v; want acked after A healed", ans.res, ans.err)
+		select {
+		case <-o.stopped:
+		case <-time.After(5 * time.Second):
+			t.Fatal("A did not find the stop after the partition healed")
 		}
-		if a.resubs.Load() < 1 || !o.wasStopped() {
-			t.Fatalf("A resubs=%d stopped=%v", a.resubs.Load(), o.wasStopped())
+		if a.resubs.Load() < 1 {
+			t.Fatalf("A resubs=%d", a.resubs.Load())
 		}
-		t.Logf("stop across a %v partition acked after %v", 100*time.Millisecond, ans.res.Latency)
 	})
 }
 
@@ -356,11 +511,11 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 		const streams, tokens = 20, 100
 		// Warm A's connection pool first: a new connection's handshake
 		// (HELLO, CLIENT SETINFO) is not the cost of a Begin.
-		a.svc.Begin(context.Background(), "inf_warmup", nil).End()
+		a.svc.Begin(context.Background(), "inf_warmup", 0, nil).End()
 		before := be.commands(t)
 		runs := make([]*Run, streams)
 		for i := range runs {
-			runs[i] = a.svc.Begin(context.Background(), fmt.Sprintf("inf_tok_%d", i), func() {})
+			runs[i] = a.svc.Begin(context.Background(), fmt.Sprintf("inf_tok_%d", i), 0, func() {})
 		}
 		afterBegin := be.commands(t)
 		if got := afterBegin - before; got != streams {
@@ -408,7 +563,7 @@ func TestLocalBus(t *testing.T) {
 	// Single replica: stop and ack without any network.
 	stopped := make(chan struct{})
 	var run *Run
-	run = a.Begin(ctx, "inf_l1", func() { close(stopped) })
+	run = a.Begin(ctx, "inf_l1", 0, func() { close(stopped) })
 	go func() { <-stopped; run.Ack() }()
 	res, err := a.Request(ctx, "inf_l1")
 	if err != nil || !res.Acked || !res.Local {
@@ -418,20 +573,20 @@ func TestLocalBus(t *testing.T) {
 	// Two services on one LocalBus act as two replicas.
 	stopped2 := make(chan struct{})
 	var run2 *Run
-	run2 = a.Begin(ctx, "inf_l2", func() { close(stopped2) })
+	run2 = a.Begin(ctx, "inf_l2", 0, func() { close(stopped2) })
 	go func() { <-stopped2; run2.Ack() }()
 	res, err = b.Request(ctx, "inf_l2")
 	if err != nil || !res.Acked || res.Local {
 		t.Fatalf("remote over LocalBus: %+v, %v", res, err)
 	}
 
-	// Stop before start: the holder remembers it.
+	// Stop before start: the bus remembers it.
 	res, err = b.Request(ctx, "inf_l3")
-	if err != nil || !res.TimedOut {
-		t.Fatalf("unknown id: %+v, %v; want timed out", res, err)
+	if err != nil || !res.NoOwner {
+		t.Fatalf("unknown id: %+v, %v; want NoOwner", res, err)
 	}
 	fired := false
-	r3 := a.Begin(ctx, "inf_l3", func() { fired = true })
+	r3 := a.Begin(ctx, "inf_l3", 0, func() { fired = true })
 	if !fired || !r3.Stopped() {
 		t.Fatal("Begin after a stop over LocalBus not stopped")
 	}
@@ -441,6 +596,12 @@ func TestLocalBus(t *testing.T) {
 func TestRequestHonoursContext(t *testing.T) {
 	be := newMiniBackend(t)
 	b := newReplica(t, be, "B", replicaConfig{svc: Options{AckTimeout: 5 * time.Second}})
+	// A subscriber that never answers keeps B's request waiting.
+	silent := be.admin.Subscribe(context.Background(), b.bus.Channel())
+	defer silent.Close()
+	if _, err := silent.Receive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -489,7 +650,7 @@ func TestBeginFreshCostsNoRedisCommand(t *testing.T) {
 		cfg := replicaConfig{bus: RedisOptions{PingInterval: time.Hour}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
-		a.svc.Begin(context.Background(), "inf_warmup", nil).End()
+		a.svc.Begin(context.Background(), "inf_warmup", 0, nil).End()
 		before := be.commands(t)
 		stopped := make(chan struct{})
 		var runs []*Run
@@ -498,7 +659,7 @@ func TestBeginFreshCostsNoRedisCommand(t *testing.T) {
 			if i == 0 {
 				onStop = func() { close(stopped) }
 			}
-			runs = append(runs, a.svc.BeginFresh(fmt.Sprintf("inf_fresh_%d", i), onStop))
+			runs = append(runs, a.svc.BeginFresh(fmt.Sprintf("inf_fresh_%d", i), 0, onStop))
 		}
 		if got := be.commands(t) - before; got != 0 {
 			t.Fatalf("20 fresh Begins cost %d Redis commands, want 0", got)
