@@ -60,7 +60,8 @@ func TestSQLitePragmasOnEveryConnection(t *testing.T) {
 // column length the driver reports other than the field's size for a
 // change: modernc.org/sqlite's own driver, which reports a text column's
 // length as unlimited, would rebuild every table with a sized NOT NULL
-// column at every start (BENCHMARKS.md §35). The driver in use reports none.
+// column at every start (found when that driver was tried, and not kept,
+// for the ledger's statements). The driver in use reports none.
 func TestMigrateKeepsTables(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, db *gorm.DB) {
 		seedConversation(t, db, 1, "A title", time.Now(), "a question", "an answer")

@@ -16,8 +16,8 @@
 # The engine is nginx answering the bench mock's chat completion
 # (bench_nginx_engine) and the load comes from scripts/openloop, whose
 # latencies count from when each request was due: vegeta and the Go mock
-# cost core 0 too much a request to offer 5,000 req/s (BENCHMARKS.md §30).
-# ENGINE=mock LOADGEN=vegeta is the earlier harness (§25). Needs nginx
+# cost core 0 too much a request to offer 5,000 req/s.
+# ENGINE=mock LOADGEN=vegeta is the earlier harness. Needs nginx
 # (Debian: nginx-light) for the default engine. GOGC and GOMAXPROCS, when
 # set, go to the gateway.
 set -euo pipefail

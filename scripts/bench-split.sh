@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Where a request's time goes inside the gateway (issue 12, BENCHMARKS.md
-# §29): the shared bench mock and client on core 0, each build in turn
+# Where a request's time goes inside the gateway (issue 12): the shared
+# bench mock and client on core 0, each build in turn
 # started on core 1 (GOMAXPROCS 1; SQLite and no Redis unless the build
 # says so, as in bench-seq.sh), requests sent one at a time.
 # perf traces the build's read and write system calls, and per request

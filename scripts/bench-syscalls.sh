@@ -3,7 +3,7 @@
 # CPU time (task-clock), system calls (all, and read, epoll_pwait, futex),
 # context switches and page faults per request, from `perf stat` over 5 s
 # in the middle of each rate of scripts/bench-maxrate.sh (gateway on core 1,
-# engine and load on core 0; BENCHMARKS.md §33).
+# engine and load on core 0).
 #
 #   scripts/bench-syscalls.sh                         (3,000 and 5,000 req/s, SQLite)
 #   RATES="2000" MOONJI_BIN=/tmp/floorproxy scripts/bench-syscalls.sh   (the Go floor)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How long the gateway's threads wait for the CPU after being woken, at
-# 1,000 req/s on one core (issue 12, BENCHMARKS.md §26): the shared bench
+# 1,000 req/s on one core (issue 12): the shared bench
 # mock and vegeta on core 0, each build in turn pinned to core 1 with all
 # its threads (as scripts/bench-mem.sh), perf recording the scheduler's
 # wake-up and switch events for 5 s in the middle of the load. Prints, per

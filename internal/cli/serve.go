@@ -29,12 +29,12 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	// The garbage collector keeps Go's default target (GOGC 100), or the
-	// operator's. Builds before BENCHMARKS.md §21 set 400, chosen when a
-	// request allocated several times what it does now (§1): at ~8 KB a
-	// request, collecting the ~6 MB live heap about once a second at 1,000
-	// req/s costs a few milliseconds of CPU, while 400 let the heap grow to
-	// five times the live heap, ~15 MB more RSS for no CPU or latency gain
-	// alternated runs could see.
+	// operator's. Earlier builds set 400, chosen when a request allocated
+	// several times what it does now: at ~8 KB a request, collecting the
+	// ~6 MB live heap about once a second at 1,000 req/s costs a few
+	// milliseconds of CPU, while 400 let the heap grow to five times the
+	// live heap, ~15 MB more RSS for no CPU or latency gain alternated runs
+	// could see.
 	if addr := os.Getenv("MOONJI_PPROF"); addr != "" {
 		startPprof(addr, log)
 	}

@@ -49,8 +49,8 @@ func main() {
 			}
 		}
 	}
-	// A thread of the idle policy (the ledger's committer) waits for the
-	// core by design: its wake-ups are not counted.
+	// A thread of the idle policy (the ledger's committer, in builds before
+	// issue 43) waits for the core by design: its wake-ups are not counted.
 	idle := func(tid string) bool { return strings.HasPrefix(policies[tid], "idle") }
 	r, err := read(os.Stdin, *comm, idle)
 	if err != nil {
