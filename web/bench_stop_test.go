@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	dto "github.com/prometheus/client_model/go"
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
+	"moonji/internal/testredis"
 )
 
 // BenchmarkStopLatency measures Stop end to end across two replicas: streams
@@ -226,15 +226,13 @@ func stopOne(client *http.Client, aURL, bURL, key, body string) stopResult {
 // startStopPair starts replicas A and B sharing one database, one Redis and
 // one mock engine, and names the setup.
 func startStopPair(b *testing.B) (string, *testEnv, *testEnv) {
-	redisURL := os.Getenv("MOONJI_TEST_REDIS_URL")
+	be := testredis.Best(b)
 	dbURL := "sqlite://" + b.TempDir() + "/cluster.db"
-	mode := "real Redis " + redisURL
-	if redisURL == "" {
-		mr := miniredis.RunT(b)
-		redisURL = "redis://" + mr.Addr()
+	mode := "real Redis " + be.URL
+	if be.Mini != nil {
 		mode = "miniredis (MOONJI_TEST_REDIS_URL not set)"
 	}
-	if dsn := os.Getenv("MOONJI_TEST_POSTGRES_DSN"); dsn != "" && os.Getenv("MOONJI_TEST_REDIS_URL") != "" {
+	if dsn := os.Getenv("MOONJI_TEST_POSTGRES_DSN"); dsn != "" && be.Mini == nil {
 		dbURL = benchPostgresSchema(b, dsn)
 		mode += ", PostgreSQL"
 	} else {
@@ -247,7 +245,8 @@ func startStopPair(b *testing.B) (string, *testEnv, *testEnv) {
 	for i := 0; i < 2; i++ {
 		cfg := &config.Config{
 			DatabaseURL: dbURL,
-			RedisURL:    redisURL,
+			RedisURL:    be.URL,
+			RedisPrefix: be.Prefix,
 			ReplicaID:   fmt.Sprintf("bench-%c-%d", 'A'+i, time.Now().UnixNano()),
 			RateLimit:   config.RateLimit{RequestsPerMinute: 1_000_000},
 			Backends:    []config.Backend{{Name: "mock", URL: ms.URL + "/v1", MaxConcurrency: 256, MaxQueue: 256, QueueTimeout: 10 * time.Second}},

@@ -257,8 +257,8 @@ func TestStopUnavailableSaysNoMore(t *testing.T) {
 	a, b := c.replicas[0], c.replicas[1]
 	s := startStream(t, a, a.Key, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tps":50,"tokens":2000}}`)
 	waitContent(t, s, 1)
-	addr := c.redis.Addr()
-	c.redis.Close()
+	addr := c.be.Mini.Addr()
+	c.be.Mini.Close()
 
 	browserB := b.signedIn("owner@example.com", false)
 	csrf := map[string]string{"X-CSRF-Token": mustMe(b, browserB).CSRFToken}

@@ -78,7 +78,7 @@ func TestRateLimitAcrossReplicasAndWithoutRedis(t *testing.T) {
 		t.Errorf("%d of 6 requests admitted across two replicas, want 4", ok)
 	}
 
-	c.redis.Close()
+	c.be.Mini.Close()
 	e := c.replicas[0]
 	fresh := e.newKey("fresh@example.com", 0)
 	resp := e.postWith(context.Background(), fresh, `{"model":"m1","messages":[{"role":"user","content":"x"}]}`)

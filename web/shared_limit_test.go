@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-
 	"moonji/internal/config"
+	"moonji/internal/testredis"
 	"moonji/models"
 )
 
@@ -25,11 +24,8 @@ import (
 // fresh either way.
 func sharedRedis(t *testing.T) (url, prefix string) {
 	t.Helper()
-	url = os.Getenv("MOONJI_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://" + miniredis.RunT(t).Addr()
-	}
-	return url, fmt.Sprintf("moonjitest:%d:", time.Now().UnixNano())
+	be := testredis.Best(t)
+	return be.URL, be.Prefix
 }
 
 // sharedDB is one database for several in-process replicas: PostgreSQL
@@ -230,6 +226,7 @@ models: [{name: m1, backend: mock}]
 		t.Fatal("the live replica got a slot while the other held all 16: the limit is not shared")
 	}
 
+	signalled := time.Now()
 	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -237,12 +234,15 @@ models: [{name: m1, backend: mock}]
 	killed := time.Now()
 	// The dead replica's streams are cut at once, but its leases live on
 	// until they expire: right after the kill the slots are still taken.
+	// Renewed every TTL/3, the last renewal was at most that long before
+	// the kill; a check that a busy machine made last longer than the rest
+	// of the TTL proves nothing either way.
 	if got, closeLive := openStreams(live.URL, live.Key, 1); got != 0 {
 		closeLive()
-		t.Fatalf("a slot was free %s after the kill: leases are not what holds them", time.Since(killed))
-	}
-	if time.Since(killed) > ttl/3 {
-		t.Fatalf("the check right after the kill took %s", time.Since(killed))
+		if since := time.Since(signalled); since < ttl-ttl/3 {
+			t.Fatalf("a slot was free %s after the kill: leases are not what holds them", since)
+		}
+		t.Logf("the check right after the kill took %s, past the leases' earliest expiry", time.Since(signalled))
 	}
 	waitFor(t, "the dead replica's leases to expire", ttl+2*time.Second, func() bool {
 		n, err := live.srv.Leases.Count(context.Background(), "mock")
@@ -267,13 +267,13 @@ models: [{name: m1, backend: mock}]
 // Redis answers.
 func TestSharedLimitWithoutRedis(t *testing.T) {
 	engine := startKillableEngine(t, "m1")
-	mr := miniredis.RunT(t)
-	prefix := fmt.Sprintf("moonjitest:%d:", time.Now().UnixNano())
+	be := testredis.Mini(t)
+	mr := be.Mini
 	dbURL := sharedDB(t)
 	var replicas []*testEnv
 	for i := range 2 {
 		e := startWithConfig(t, &config.Config{
-			DatabaseURL: dbURL, RedisURL: "redis://" + mr.Addr(), RedisPrefix: prefix, LeaseTTL: 3 * time.Second,
+			DatabaseURL: dbURL, RedisURL: be.URL, RedisPrefix: be.Prefix, LeaseTTL: 3 * time.Second,
 			ReplicaID: fmt.Sprintf("share-%d-%d", i, time.Now().UnixNano()),
 			RateLimit: config.RateLimit{RequestsPerMinute: 100000},
 			Backends: []config.Backend{{Name: "mock", URL: engine.URL(), MaxConcurrency: 8, MaxQueue: 8,

@@ -10,15 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
@@ -31,8 +26,7 @@ import (
 type cluster struct {
 	replicas []*testEnv
 	mock     *mockllm.Server
-	redis    *miniredis.Miniredis // nil when running against a real Redis
-	redisURL string
+	be       *testredis.Backend // be.Mini is nil when running against a real Redis
 }
 
 // startCluster starts n replicas on miniredis and SQLite, or on the real
@@ -43,25 +37,22 @@ func startCluster(t *testing.T, n int, real bool, opts ...envOption) *cluster {
 	c := &cluster{}
 	dbURL := "sqlite://" + t.TempDir() + "/cluster.db"
 	if real {
-		c.redisURL = os.Getenv("MOONJI_TEST_REDIS_URL")
+		c.be = testredis.Real(t)
 		if dsn := os.Getenv("MOONJI_TEST_POSTGRES_DSN"); dsn != "" {
 			dbURL = freshPostgresSchema(t, dsn)
 		}
 	} else {
-		c.redis = miniredis.RunT(t)
-		c.redisURL = "redis://" + c.redis.Addr()
+		c.be = testredis.Mini(t)
 	}
 	c.mock = mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ms := httptest.NewServer(c.mock)
 	t.Cleanup(ms.Close)
-	// A fresh prefix: a real Redis is shared with other tests and runs.
-	prefix := fmt.Sprintf("moonjitest:%d:", time.Now().UnixNano())
 	var key string
 	for i := 0; i < n; i++ {
 		cfg := &config.Config{
 			DatabaseURL: dbURL,
-			RedisURL:    c.redisURL,
-			RedisPrefix: prefix,
+			RedisURL:    c.be.URL,
+			RedisPrefix: c.be.Prefix, // fresh: a real Redis is shared with other tests and runs
 			ReplicaID:   fmt.Sprintf("replica-%c-%d", 'A'+i, time.Now().UnixNano()),
 			RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
 			Backends:    []config.Backend{{Name: "mock", URL: ms.URL + "/v1", MaxConcurrency: 32, MaxQueue: 32, QueueTimeout: 10 * time.Second}},
@@ -351,7 +342,7 @@ func TestStopDuringRedisRestart(t *testing.T) {
 	a, b := c.replicas[0], c.replicas[1]
 	s := startStream(t, a, a.Key, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tps":50,"tokens":2000}}`)
 	waitContent(t, s, 2)
-	c.redis.Close()
+	c.be.Mini.Close()
 
 	// Landing elsewhere while Redis is down: 503 naming the cause, quickly.
 	start := time.Now()
@@ -366,7 +357,7 @@ func TestStopDuringRedisRestart(t *testing.T) {
 		t.Fatal("stream died with Redis")
 	}
 	// Redis comes back; once B has resubscribed, its stop reaches A again.
-	if err := c.redis.Restart(); err != nil {
+	if err := c.be.Mini.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -388,7 +379,7 @@ func TestStopDuringRedisRestart(t *testing.T) {
 	// Landing on the owner works without Redis at all.
 	s2 := startStream(t, a, a.Key, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],"mock":{"tps":50,"tokens":2000}}`)
 	waitContent(t, s2, 2)
-	c.redis.Close()
+	c.be.Mini.Close()
 	if ans := cancelVia(t, a, a.Key, s2.id); ans.status != http.StatusOK || ans.body["state"] != "stopped" {
 		t.Errorf("stop on the owner with Redis down: %d %v", ans.status, ans.body)
 	}
@@ -412,16 +403,16 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 			// time, and must not land in one run and not the other.
 			c := startCluster(t, 1, real, func(c *config.Config) { c.LeaseTTL = 10 * time.Minute })
 			a := c.replicas[0]
-			var calls roundTrips
+			var calls testredis.Counter
 			a.srv.Redis.AddHook(&calls)
 			count := func() int {
-				if c.redis != nil {
-					return c.redis.CommandCount()
+				if c.be.Mini != nil {
+					return c.be.Mini.CommandCount()
 				}
-				return requestCommands(t, c.redisURL)
+				return requestCommands(t, c.be)
 			}
 			run := func(tokens int) (server, client int) {
-				before, beforeCalls := count(), calls.n.Load()
+				before, beforeCalls := count(), calls.N.Load()
 				var wg sync.WaitGroup
 				for i := 0; i < 20; i++ {
 					wg.Add(1)
@@ -436,7 +427,7 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 				wg.Wait()
 				// The last releases run just after the streams' ends.
 				time.Sleep(100 * time.Millisecond)
-				return count() - before, int(calls.n.Load() - beforeCalls)
+				return count() - before, int(calls.N.Load() - beforeCalls)
 			}
 			run(5) // warm up: script loads and the connection pool are not per request
 			few, fewCalls := run(5)
@@ -477,59 +468,20 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 	}
 }
 
-// roundTrips counts the commands a Redis client sends, a pipeline's each,
-// leaving out a new connection's set-up (HELLO, CLIENT SETINFO): how many
-// connections the pool opens varies from run to run.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) count(cmd redis.Cmder) {
-	if name := cmd.Name(); name != "hello" && name != "client" {
-		r.n.Add(1)
-	}
-}
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			r.count(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func requestCommands(t *testing.T, url string) int {
+// requestCommands returns how many commands the server has run, leaving
+// out those that come with connections and subscriptions rather than
+// requests (a new connection's set-up, PING, INFO, CONFIG, SUBSCRIBE),
+// whose number varies from run to run.
+func requestCommands(t *testing.T, be *testredis.Backend) int {
 	t.Helper()
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
 	total := 0
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		switch strings.SplitN(strings.TrimPrefix(name, "cmdstat_"), "|", 2)[0] {
+	for name, n := range be.CommandStats(t) {
+		cmd, _, _ := strings.Cut(name, "|")
+		switch cmd {
 		case "hello", "client", "ping", "info", "config", "subscribe", "psubscribe":
 			continue
 		}
-		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
-		total += n
+		total += int(n)
 	}
 	return total
 }

@@ -16,6 +16,7 @@ import (
 
 	"moonji/internal/gateway"
 	"moonji/internal/jsonguard"
+	"moonji/internal/stop"
 	"moonji/models"
 )
 
@@ -37,6 +38,10 @@ type generation struct {
 	log    *Log
 	// ended is closed once the final state is saved.
 	ended chan struct{}
+	// stopRun is the reply's registration for Stop (nil without a stop
+	// service): made by start, ended by the gateway once it has the call
+	// (Call.Stop), or by start when the gateway never gets it (endStop).
+	stopRun *stop.Run
 
 	// The fields below belong to the goroutine running the request (the
 	// gateway calls OnEnd on it too).
@@ -66,7 +71,8 @@ func (g *generation) run(p gateway.Principal, body []byte) {
 			g.finish(models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: "The answer failed (internal error)."})
 		}
 	}()
-	resp := g.s.o.Gateway.ChatCompletions(gateway.Call{ID: g.id, Start: time.Now(), Principal: p, Body: body, OnEnd: g.onEnd})
+	resp := g.s.o.Gateway.ChatCompletions(gateway.Call{ID: g.id, Start: time.Now(), Principal: p, Body: body, OnEnd: g.onEnd,
+		Stop: g.stopRun})
 	switch {
 	case g.finished:
 		// Ended before any answer (a stop while queued): the response is
@@ -93,6 +99,14 @@ func (g *generation) run(p gateway.Principal, body []byte) {
 	}
 	if !g.finished {
 		g.finish(models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: "The answer ended unexpectedly."})
+	}
+}
+
+// endStop ends the reply's registration for Stop when the gateway never
+// got the call that takes it over.
+func (g *generation) endStop(outcome string) {
+	if g.stopRun != nil {
+		g.stopRun.EndWith(outcome)
 	}
 }
 
@@ -192,7 +206,8 @@ func (g *generation) frame(d delta) {
 
 // saveProgress stores the text so far, off the reading goroutine: a save
 // that waits for a busy database must not pause the reply for its viewers
-// (BENCHMARKS §10). One save is in flight at a time; a tick that finds one
+// (saved inline, 500 replies at once on SQLite held their viewers' chunks
+// back by seconds). One save is in flight at a time; a tick that finds one
 // running skips, and the next tick saves the newer text. A failure is
 // logged, not fatal: the final save writes everything. A save that lands
 // after the final one changes nothing (it updates only a streaming row).

@@ -75,14 +75,15 @@ func (s *Service) replyCap(p Person) models.ReplyCap {
 	return models.ReplyCap{Person: p.UserID, Max: s.o.Limits.GenerationsPerPerson, Refusal: s.generationRefusal()}
 }
 
-// refuseGeneration answers a reply refused for the person's limit: its
+// refuseGeneration answers reply g refused for the person's limit: its
 // usage row says rejected (too_many_generations), as for any request
-// refused before it reached an engine.
-func (s *Service) refuseGeneration(p Person, id, model string) error {
+// refused before it reached an engine, and the gateway ends its
+// registration for Stop.
+func (s *Service) refuseGeneration(p Person, g *generation, model string) error {
 	le := &LimitError{Code: CodeTooManyGenerations, Message: s.generationRefusal(), RetryAfter: generationRetry}
 	hdr := http.Header{}
 	hdr.Set("Retry-After", strconv.Itoa(le.RetryAfterSeconds()))
-	s.o.Gateway.Reject(gateway.Call{ID: id, Start: time.Now(), Principal: p.principal(), API: proxy.APIChat},
+	s.o.Gateway.Reject(gateway.Call{ID: g.id, Start: time.Now(), Principal: p.principal(), API: proxy.APIChat, Stop: g.stopRun},
 		model, http.StatusTooManyRequests, CodeTooManyGenerations, le.Message, "requests", CodeTooManyGenerations, hdr)
 	return le
 }

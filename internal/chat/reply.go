@@ -63,6 +63,12 @@ func (s *Service) start(ctx context.Context, p Person, conv *models.Conversation
 	extra := s.extra
 	s.mu.Unlock()
 
+	// Registered for Stop before the id leaves here (in the reply's row,
+	// then the answer to the send): a stop sent as soon as the page has
+	// the id finds this replica running the reply, however far the
+	// gateway has got with it. The gateway takes the registration over
+	// with the call; until then it is this function's to end.
+	g.stopRun = s.o.Gateway.BeginStop(g.id, p.principal())
 	inf := g.id
 	reply := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleAssistant,
 		Status: models.MessageStreaming, Model: conv.Model, InferenceID: &inf, Replica: s.o.Replica}
@@ -79,14 +85,16 @@ func (s *Service) start(ctx context.Context, p Person, conv *models.Conversation
 			if reply.Status == models.MessageError {
 				sent.MessageID = reply.ID
 			}
-			return sent, s.refuseGeneration(p, g.id, conv.Model)
+			return sent, s.refuseGeneration(p, g, conv.Model)
 		}
+		g.endStop(models.OutcomeError)
 		return Sent{}, err
 	}
 	body, err := s.requestBody(ctx, conv, reply.ID, extra)
 	if err != nil {
 		// The reply exists: it must not stay streaming.
 		g.finish(models.MessageEnd{Status: models.MessageError, Reason: "The conversation could not be read."})
+		g.endStop(models.OutcomeError)
 		s.release(g)
 		return Sent{}, err
 	}

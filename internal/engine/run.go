@@ -177,7 +177,7 @@ func finishReason(frame []byte) string {
 		return ""
 	}
 	var reason string
-	gjson.GetBytes(dataPayload(frame), "choices.#.finish_reason").ForEach(func(_, v gjson.Result) bool {
+	gjson.GetBytes(proxy.DataPayload(frame), "choices.#.finish_reason").ForEach(func(_, v gjson.Result) bool {
 		if v.Type == gjson.String && v.Str != "" {
 			reason = v.Str
 			return false
@@ -209,17 +209,6 @@ func hasFinishReason(frame []byte) bool {
 		}
 		frame = rest
 	}
-}
-
-// dataPayload returns the value of a frame's first data line.
-func dataPayload(frame []byte) []byte {
-	for line := range bytes.Lines(frame) {
-		if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			rest = bytes.TrimPrefix(rest, []byte(" "))
-			return bytes.TrimRight(rest, "\r\n")
-		}
-	}
-	return nil
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream.

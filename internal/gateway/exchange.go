@@ -81,6 +81,12 @@ func (x *exchange) run(body []byte) *Response {
 		x.ctx, cancelT = context.WithTimeout(x.ctx, t)
 		_ = cancelT // released by x.cancel: the timeout context is a child
 	}
+	if x.stopRun != nil {
+		// Registered by the caller before the id was out (Call.Stop):
+		// watched from here, so that a stop that came first ends the
+		// request before it takes a slot.
+		x.stopRun.Watch(func() { x.cancel(errStopped) })
+	}
 	// Everything a request needs while it waits or runs — its pending row,
 	// the watch on its client, its registration for Stop — is set up when
 	// it starts to wait in the queue or once it holds its slot. A request

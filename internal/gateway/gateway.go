@@ -124,9 +124,16 @@ type Call struct {
 	API proxy.API
 	ID  string
 	// FreshID says ID was minted for this call and given to nobody before
-	// it: no stop can be waiting for it (stop.Service.BeginFresh). The
-	// chat's generations are not fresh: their page has the id first.
-	FreshID   bool
+	// it: no stop can be waiting for it (stop.Service.BeginFresh).
+	FreshID bool
+	// Stop, when set, is the request's registration for Stop, made by the
+	// caller before the id left it (BeginStop): the chat's reply is
+	// registered before its page has the id, so that a stop sent at once
+	// finds the replica running it. The gateway takes it over with the
+	// call (Serve or Reject): it watches it for the request and ends it
+	// with the request's outcome, on every path. Nil: the gateway
+	// registers the request itself when it starts.
+	Stop      *stop.Run
 	Start     time.Time
 	Principal Principal
 	// Body is the raw JSON body; the gateway owns it from here on.
@@ -182,3 +189,23 @@ func (g *Gateway) People() []uint { return g.people.People() }
 
 // NewInferenceID returns a fresh id for a request.
 func NewInferenceID() string { return newID() }
+
+// BeginStop registers inference id, minted by the caller and given to
+// nobody yet, for Stop on behalf of p, before the id leaves the caller
+// (nil when the gateway has no stop service). Hand it over as Call.Stop:
+// Serve or Reject then ends it. A caller that hands it to neither ends it
+// itself (Run.EndWith).
+func (g *Gateway) BeginStop(id string, p Principal) *stop.Run {
+	if g.stops == nil {
+		return nil
+	}
+	return g.stops.BeginFresh(id, p.UserID, nil)
+}
+
+// endStop ends the call's own registration for Stop, if it has one, for a
+// request that ends without an exchange to end it.
+func (c Call) endStop(outcome string) {
+	if c.Stop != nil {
+		c.Stop.EndWith(outcome)
+	}
+}

@@ -44,6 +44,7 @@ func (g *Gateway) reject(call Call, model string, status int, reason string, e a
 	row.DurationMs = time.Since(call.Start).Milliseconds()
 	g.count(model, models.OutcomeRejected)
 	g.metrics.Rejections.WithLabelValues(reason).Inc()
+	call.endStop(row.Outcome)
 	// The row last: a panic before it leaves the request without one,
 	// which recovered then writes, never two.
 	g.ledger.Record(row)

@@ -411,6 +411,9 @@ func TestStreamClosing(t *testing.T) {
 					t.Errorf("response id %q, want the engine's", x.row.ResponseID)
 				}
 			}},
+		{name: "Responses stopped on an event it drops", api: proxy.APIResponses, body: respBody, engine: respEvents, stop: true, stopAfter: 2,
+			// #2 never reaches the client: the closing event takes its number.
+			want: []string{"response.incomplete #2 stopped"}, outcome: models.OutcomeStopped, reason: "stop_requested"},
 		{name: "translated Responses stopped", api: proxy.APIResponses, body: respBody, engine: story, stop: true, stopAfter: 2, translate: true,
 			// A stopped translation closes as a finished response, which
 			// both SDKs' final-response helpers accept.
@@ -483,9 +486,24 @@ func TestStreamClosing(t *testing.T) {
 					x.writeDeadline = time.Now().Add(-time.Second)
 				}
 			}
-			got := frames(t, x.closing(&res))
+			closing := x.closing(&res)
+			got := frames(t, closing)
 			if !slices.Equal(got, c.want) {
 				t.Errorf("closing frames %q, want %q", got, c.want)
+			}
+			if c.api == proxy.APIResponses {
+				// Every event the client gets, the closing ones too, has
+				// the next sequence number: none skipped, none repeated.
+				next := int64(0)
+				for _, f := range strings.Split(client.String()+string(closing), "\n\n") {
+					if _, data, ok := strings.Cut(f, "data: "); ok {
+						if n := gjson.Get(data, "sequence_number").Int(); n != next {
+							t.Errorf("event %q has sequence number %d, want %d", f, n, next)
+							break
+						}
+						next++
+					}
+				}
 			}
 			if x.row.Outcome != c.outcome || x.row.Reason != c.reason || x.row.Status != http.StatusOK {
 				t.Errorf("row %s/%q/%d, want %s/%q/200", x.row.Outcome, x.row.Reason, x.row.Status, c.outcome, c.reason)

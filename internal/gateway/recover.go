@@ -37,6 +37,7 @@ func (g *Gateway) recovered(call Call, x *exchange, p any) *Response {
 		row.Outcome, row.Status, row.Reason = models.OutcomeError, http.StatusInternalServerError, "internal_panic"
 		row.UsageSource = models.UsageNone
 		row.DurationMs = time.Since(call.Start).Milliseconds()
+		call.endStop(row.Outcome)
 		g.ledger.Record(row)
 		return errorResponse(http.StatusInternalServerError, msg, "server_error", "internal_error", nil)
 	}
@@ -46,17 +47,19 @@ func (g *Gateway) recovered(call Call, x *exchange, p any) *Response {
 
 // panicked ends an exchange that panicked wherever it was: everything it
 // holds is freed (each step may run twice) and it gets its one row, an
-// error, unless that was already queued.
+// error, unless that was already queued. Its registration for Stop ends
+// with the row's outcome, so that a stop just after it is answered with
+// that outcome, as after any end.
 func (x *exchange) panicked() {
 	x.finished = true // nothing after this finishes it again
 	x.release()
-	if x.stopRun != nil {
-		x.stopRun.End()
-	}
 	if !x.recorded {
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "internal_panic", http.StatusInternalServerError
 		x.row.DurationMs = time.Since(x.call.Start).Milliseconds()
 		x.record()
+	}
+	if x.stopRun != nil {
+		x.stopRun.EndWith(x.row.Outcome)
 	}
 }
 

@@ -79,7 +79,7 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	}
 
 	x = &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
-		row: g.row(call, req.Model, route.Pool.Name())}
+		row: g.row(call, req.Model, route.Pool.Name()), stopRun: call.Stop}
 	return x.run(body)
 }
 
@@ -226,7 +226,8 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 const clientWatchDelay = 50 * time.Millisecond
 
 // start queues the pending ledger row, watches the client's connection and
-// registers the inference for Stop, once.
+// registers the inference for Stop (unless its caller did: Call.Stop),
+// once.
 func (x *exchange) start() {
 	if x.hasBegun {
 		return
@@ -244,7 +245,7 @@ func (x *exchange) start() {
 		}
 		x.watch = connwatch.WatchAfter(delay, x.call.Conn, x.call.Probe, func() { x.cancel(errClientLeft) })
 	}
-	if x.g.stops != nil {
+	if x.stopRun == nil && x.g.stops != nil {
 		onStop := func() { x.cancel(errStopped) }
 		if x.call.FreshID {
 			x.stopRun = x.g.stops.BeginFresh(x.call.ID, x.call.Principal.UserID, onStop)

@@ -76,8 +76,8 @@ type RelayResult struct {
 	// the stream ({"error": …} or {"object": "error", …}); the stream is
 	// relayed as it is, but the request failed.
 	EngineError string
-	// Seq is the sequence_number of the last event of a Responses stream,
-	// for the events the gateway adds to close it.
+	// Seq is the sequence_number of the last event of a Responses stream
+	// handed to the client, for the events the gateway adds to close it.
 	Seq int64
 	// ID, Model and Created are taken from the first chunk so that the
 	// gateway can write a well-formed closing chunk of its own.
@@ -230,7 +230,7 @@ func (s *Stream) next() {
 		s.end()
 		return
 	}
-	opened, finished := s.res.choices, s.res.finished
+	opened, finished, seq := s.res.choices, s.res.finished, s.res.Seq
 	var kind frameKind
 	if s.opts.API == APIResponses {
 		kind = classifyEvent(s.frame, &s.res)
@@ -239,8 +239,9 @@ func (s *Stream) next() {
 	}
 	if s.opts.Stopped != nil && s.opts.Stopped() {
 		// This frame never reaches the client: the choices it opens or
-		// finishes stay open for the closing chunk.
-		s.res.choices, s.res.finished = opened, finished
+		// finishes stay open for the closing chunk, and the closing event
+		// of a Responses stream takes the sequence number it had.
+		s.res.choices, s.res.finished, s.res.Seq = opened, finished, seq
 		s.res.Stopped = true
 		s.end()
 		return

@@ -22,11 +22,13 @@
 // Each broadcast stop therefore also adds itself (caller, replica, request
 // number) to a set "<prefix>stops:<id>" with a TTL, in the same MULTI as the
 // PUBLISH. The key is read only at moments that are not per token: once when
-// an inference begins with an id that was out before (a chat reply's: a stop
-// that raced ahead of the start) and once, for all running inferences in one
-// pipeline, after every re-subscription (a stop published while the replica
-// was disconnected); a stop found there whose caller may make it is applied,
-// and its request answered if it still waits.
+// an inference begins with an id that was out before (Begin: a stop may have
+// raced ahead of the start; the gateway's /v1 ids and the chat's replies are
+// registered before their id leaves the replica, BeginFresh, which skips
+// it) and once, for all running inferences in one pipeline, after every
+// re-subscription (a stop published while the replica was disconnected); a
+// stop found there whose caller may make it is applied, and its request
+// answered if it still waits.
 //
 // Known limit, shared with the design this follows: if the owning process dies
 // the stop is never acknowledged, and the request ends with NoOwner (Redis

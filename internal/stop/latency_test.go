@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"moonji/internal/testredis"
 )
 
 // envLatencyN sets how many stops TestStopLatency measures (default 500).
@@ -65,21 +67,21 @@ func TestStopLatency(t *testing.T) {
 			t.Fatalf("%s=%q: want a positive integer", envLatencyN, v)
 		}
 	}
-	be := latencyBackend(t)
+	be := testredis.Best(t)
 	a := newReplica(t, be, "A", replicaConfig{})
 	b := newReplica(t, be, "B", replicaConfig{})
 
 	measureStops(t, a, b, min(n, 50), "warm")
 	remote := measureStops(t, a, b, n, "remote")
 	local := measureStops(t, a, a, n, "local")
-	t.Logf("backend=%s remote stop (B→Redis→A, A acks→Redis→B): %s", be.name, summarize(remote))
-	t.Logf("backend=%s local stop (owner replica, no Redis round trip): %s", be.name, summarize(local))
+	t.Logf("backend=%s remote stop (B→Redis→A, A acks→Redis→B): %s", be.Name, summarize(remote))
+	t.Logf("backend=%s local stop (owner replica, no Redis round trip): %s", be.Name, summarize(local))
 }
 
 // BenchmarkStopLatency reports the p50/p99 Request→ack latency of a stop
 // between two replicas (real Redis if MOONJI_TEST_REDIS_URL is set).
 func BenchmarkStopLatency(b *testing.B) {
-	be := latencyBackend(b)
+	be := testredis.Best(b)
 	ra := newReplica(b, be, "A", replicaConfig{})
 	rb := newReplica(b, be, "B", replicaConfig{})
 	b.ResetTimer()

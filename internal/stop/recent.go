@@ -47,7 +47,11 @@ func compareRecent(a recentEntry, key uint64) int { return cmp.Compare(a.key, ke
 
 func newRecentSet(retention time.Duration) *recentSet {
 	r := &recentSet{seed: maphash.MakeSeed(), span: max(retention/recentGenerations, time.Millisecond)}
+	// rotate reads the timer under the lock and may run before this
+	// returns; the assignment takes the lock too.
+	r.mu.Lock()
 	r.timer = time.AfterFunc(r.span, r.rotate)
+	r.mu.Unlock()
 	return r
 }
 

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/redissub"
 )
 
 // DefaultPrefix starts every Redis channel and key name the bus uses.
@@ -26,7 +26,8 @@ type RedisOptions struct {
 	KeyTTL time.Duration
 	// MinBackoff and MaxBackoff bound the wait between reconnection
 	// attempts (defaults 50 ms and 5 s); the wait doubles after each
-	// failure, with jitter so that replicas do not retry in lockstep.
+	// failure, with jitter so that replicas do not retry in lockstep
+	// (package redissub keeps the subscription).
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
 	// PingInterval is how long the subscription may stay silent before a
@@ -75,15 +76,9 @@ type RedisBus struct {
 	log     *slog.Logger
 
 	mu      sync.Mutex
-	ps      *redis.PubSub
+	sub     *redissub.Sub // set by Start
 	started bool
 	closed  bool
-	cancel  context.CancelFunc
-	lastErr error
-	// downSince is zero while the subscription is confirmed, else when it
-	// was lost (or when Start began).
-	downSince time.Time
-	wg        sync.WaitGroup
 }
 
 // NewRedisBus returns a RedisBus over client. The client stays the caller's
@@ -121,144 +116,45 @@ func (b *RedisBus) Start(ctx context.Context, h Handler) error {
 		return errors.New("stop: RedisBus already started")
 	}
 	b.started = true
-	b.downSince = time.Now()
-	b.lastErr = errors.New("not yet subscribed")
-	loopCtx, cancel := context.WithCancel(context.Background())
-	b.cancel = cancel
-	b.mu.Unlock()
-
-	// Outside the lock: with Redis down this dials for a while, and Ready
-	// and Publish must not wait for it. go-redis records the channel even
-	// when this first attempt fails, and subscribes again on every
-	// reconnection.
-	ps := b.client.Subscribe(loopCtx, b.channel)
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		_ = ps.Close()
-		return ErrClosed
-	}
-	b.ps = ps
-	ready := make(chan struct{})
-	b.wg.Add(1)
-	b.mu.Unlock()
-
-	go b.receive(loopCtx, h, ready)
-
-	select {
-	case <-ready:
-		return nil
-	case <-ctx.Done():
-		b.mu.Lock()
-		last := b.lastErr
-		b.mu.Unlock()
-		return fmt.Errorf("stop: subscription to %q not confirmed: %w (last Redis error: %w)", b.channel, ctx.Err(), last)
-	}
-}
-
-// receive is the single goroutine that reads the subscription. go-redis
-// reconnects and re-subscribes inside Receive after a connection error; this
-// loop adds the back-off between attempts and notices each new confirmation.
-func (b *RedisBus) receive(ctx context.Context, h Handler, ready chan struct{}) {
-	defer b.wg.Done()
-	first := true
-	connected := false
-	pingSent := false
-	backoff := b.opts.MinBackoff
-	for {
-		b.mu.Lock()
-		ps := b.ps
-		b.mu.Unlock()
-
-		msg, err := ps.ReceiveTimeout(ctx, b.opts.PingInterval)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil && isTimeout(err) {
-			if !pingSent {
-				// Silence is normal; make the server speak to prove the
-				// connection is alive.
-				pingSent = true
-				if err = ps.Ping(ctx); err == nil {
-					continue
-				}
-			} else {
-				// The PING went unanswered: a half-open connection that
-				// go-redis would keep, since it treats read timeouts as
-				// harmless. Replace the whole subscription.
-				b.log.Warn("stop subscription silent after PING; resubscribing", "channel", b.channel)
-				b.setDown(errors.New("no answer to PING"))
-				b.replacePubSub(ctx)
-				pingSent = false
-				connected = false
-				continue
-			}
-		}
-		if err != nil {
-			b.setDown(err)
-			if connected {
-				b.log.Warn("stop subscription lost; reconnecting", "channel", b.channel, "err", err)
-			} else {
-				b.log.Debug("stop subscription still down", "channel", b.channel, "err", err, "backoff", backoff)
-			}
-			connected = false
-			pingSent = false
-			if !sleepCtx(ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, b.opts.MaxBackoff)
-			continue
-		}
-
-		backoff = b.opts.MinBackoff
-		pingSent = false
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" || m.Channel != b.channel {
-				continue
-			}
-			connected = true
-			b.mu.Lock()
-			b.downSince = time.Time{}
-			b.mu.Unlock()
-			if first {
-				first = false
-				b.log.Debug("stop subscription confirmed", "channel", b.channel)
-			} else {
-				b.log.Info("stop subscription restored", "channel", b.channel)
-				if b.opts.OnResubscribed != nil {
-					b.opts.OnResubscribed()
-				}
+	// Callbacks run on the subscription's goroutine and may call Ready,
+	// which waits for b.mu: b.sub is set before they can see it.
+	b.sub = redissub.Start(b.client, redissub.Options{
+		Channel:      b.channel,
+		PingInterval: b.opts.PingInterval,
+		MinBackoff:   b.opts.MinBackoff,
+		MaxBackoff:   b.opts.MaxBackoff,
+		Log:          b.log,
+		OnSubscribed: func(first bool) {
+			if !first && b.opts.OnResubscribed != nil {
+				b.opts.OnResubscribed()
 			}
 			if h.Subscribed != nil {
 				h.Subscribed()
 			}
-			if ready != nil {
-				close(ready)
-				ready = nil
-			}
-		case *redis.Message:
-			dm, err := decodeMessage(m.Payload)
+		},
+		OnMessage: func(payload string) {
+			m, err := decodeMessage(payload)
 			if err != nil {
-				b.log.Warn("ignoring stop bus message", "channel", m.Channel, "err", err)
-				continue
+				b.log.Warn("ignoring stop bus message", "channel", b.channel, "err", err)
+				return
 			}
 			if h.Message != nil {
-				h.Message(dm)
+				h.Message(m)
 			}
-		case *redis.Pong:
-			// Only proves the connection is alive.
-		}
-	}
-}
+		},
+	})
+	sub := b.sub
+	b.mu.Unlock()
 
-// setDown records that the subscription is not working, and why.
-func (b *RedisBus) setDown(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.lastErr = err
-	if b.downSince.IsZero() {
-		b.downSince = time.Now()
+	select {
+	case <-sub.Ready():
+		return nil
+	case <-ctx.Done():
+		_, last := sub.Down()
+		if last == nil {
+			last = errors.New("no answer yet")
+		}
+		return fmt.Errorf("stop: subscription to %q not confirmed: %w (last Redis error: %w)", b.channel, ctx.Err(), last)
 	}
 }
 
@@ -274,29 +170,12 @@ func (b *RedisBus) Ready() error {
 		return ErrClosed
 	case !b.started:
 		return errors.New("stop: RedisBus not started")
-	case !b.downSince.IsZero():
+	}
+	if since, err := b.sub.Down(); !since.IsZero() {
 		return fmt.Errorf("stop: subscription to %q down for %v: %w",
-			b.channel, time.Since(b.downSince).Round(time.Millisecond), b.lastErr)
+			b.channel, time.Since(since).Round(time.Millisecond), err)
 	}
 	return nil
-}
-
-// replacePubSub closes the current subscription and opens a new one on a
-// fresh connection.
-func (b *RedisBus) replacePubSub(ctx context.Context) {
-	ps := b.client.Subscribe(ctx, b.channel)
-	b.mu.Lock()
-	if b.closed {
-		// Close has taken care of the current subscription; the new one
-		// would leak.
-		b.mu.Unlock()
-		_ = ps.Close()
-		return
-	}
-	old := b.ps
-	b.ps = ps
-	b.mu.Unlock()
-	_ = old.Close()
 }
 
 // Publish broadcasts m. A stop is also added to the stop key, in one
@@ -360,8 +239,8 @@ func (b *RedisBus) Stops(ctx context.Context, ids []string) ([][]Message, error)
 	return out, nil
 }
 
-// Close ends the subscription and waits for the receiver to return. It does
-// not close the Redis client.
+// Close ends the subscription and waits for its goroutine to return. It
+// does not close the Redis client.
 func (b *RedisBus) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -369,45 +248,11 @@ func (b *RedisBus) Close() error {
 		return nil
 	}
 	b.closed = true
-	cancel, ps := b.cancel, b.ps
+	sub := b.sub
 	b.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	var err error
-	if ps != nil {
-		// Closing the connection unblocks a receive that is waiting for
-		// data; the cancelled context alone would not.
-		err = ps.Close()
-	}
-	b.wg.Wait()
-	if err != nil {
-		return fmt.Errorf("stop: close subscription: %w", err)
+	if sub != nil {
+		// Outside b.mu: a callback still running may be calling Ready.
+		sub.Close()
 	}
 	return nil
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// jitter returns a duration in [d/2, d).
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
-
-// sleepCtx waits for d and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -229,12 +229,14 @@ func (s *Service) Close() {
 
 // Run is one inference owned by this replica, between Begin and End.
 type Run struct {
-	s       *Service
-	id      string
-	owner   uint
+	s     *Service
+	id    string
+	owner uint
+	// Guarded by Service.mu: the watches of its stop to end with it
+	// (Begin's onStop, Watch's), whether it has ended, whether the stream
+	// has been acknowledged as ended, and the stops to answer when it is.
 	unwatch func()
-	// Guarded by Service.mu: whether the stream has been acknowledged as
-	// ended, and the stops to answer when it is.
+	ended   bool
 	acked   bool
 	waiting []waiter
 	endOnce sync.Once
@@ -268,9 +270,10 @@ func (s *Service) Begin(ctx context.Context, id string, owner uint, onStop func(
 
 // BeginFresh is Begin for an id minted for this request and given to
 // nobody yet (a /v1 request's, which its client first sees in the answer's
-// headers): no stop can have been recorded for it, so the stop key is not
-// checked, which saves a Redis round trip per request. A stop sent once the
-// id is out finds the run registered, as after Begin.
+// headers; a chat reply's, registered before its id leaves the chat): no
+// stop can have been recorded for it, so the stop key is not checked, which
+// saves a Redis round trip per request. A stop sent once the id is out finds
+// the run registered, as after Begin.
 func (s *Service) BeginFresh(id string, owner uint, onStop func()) *Run {
 	return s.register(id, owner, onStop)
 }
@@ -331,6 +334,27 @@ func (s *Service) register(id string, owner uint, onStop func()) *Run {
 	return r
 }
 
+// Watch adds onStop to a run begun without it, for whoever takes the run
+// over: the chat registers a reply before its id leaves the chat, and the
+// gateway that then runs the request watches it. onStop is called once when
+// the inference is stopped, at once if it already is, on Begin's terms (it
+// must not block). Call it before End; once the run has ended, nothing stays
+// watched.
+func (r *Run) Watch(onStop func()) {
+	s := r.s
+	unwatch := s.holder.Watch(r.id, onStop)
+	s.mu.Lock()
+	ended := r.ended
+	if !ended {
+		prev := r.unwatch
+		r.unwatch = func() { prev(); unwatch() }
+	}
+	s.mu.Unlock()
+	if ended {
+		unwatch()
+	}
+}
+
 // ID returns the inference id.
 func (r *Run) ID() string { return r.id }
 
@@ -380,9 +404,12 @@ func (r *Run) End() { r.EndWith("") }
 // answered with it.
 func (r *Run) EndWith(outcome string) {
 	r.endOnce.Do(func() {
-		r.unwatch()
 		s := r.s
 		s.mu.Lock()
+		// Unwatched first, and under the lock Watch takes: no onStop of
+		// the run is called after this, and a later Watch leaves nothing.
+		r.ended = true
+		r.unwatch()
 		if s.runs[r.id] == r {
 			delete(s.runs, r.id)
 			delete(s.seen, r.id)

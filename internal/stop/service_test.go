@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/testredis"
 )
 
 func TestMessageWireFormat(t *testing.T) {
@@ -65,7 +67,7 @@ func TestCallerMayStop(t *testing.T) {
 }
 
 func TestStopAcrossReplicas(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{})
 		b := newReplica(t, be, "B", replicaConfig{})
 		c := newReplica(t, be, "C", replicaConfig{})
@@ -89,11 +91,11 @@ func TestStopAcrossReplicas(t *testing.T) {
 		}
 
 		// The stop key names the caller and exists with the holder's TTL.
-		ttl, err := be.admin.TTL(ctx, a.bus.StopKey("inf_x")).Result()
+		ttl, err := be.Admin.TTL(ctx, a.bus.StopKey("inf_x")).Result()
 		if err != nil || ttl <= 0 || ttl > DefaultTTL {
 			t.Fatalf("stop key TTL = %v, %v; want (0, %v]", ttl, err, DefaultTTL)
 		}
-		members, err := be.admin.SMembers(ctx, a.bus.StopKey("inf_x")).Result()
+		members, err := be.Admin.SMembers(ctx, a.bus.StopKey("inf_x")).Result()
 		if err != nil || len(members) != 1 || !strings.HasPrefix(members[0], "*|B|") {
 			t.Fatalf("stop key members = %q, %v; want B's system stop", members, err)
 		}
@@ -124,7 +126,7 @@ func TestStopAcrossReplicas(t *testing.T) {
 // runs get the same answer (NoOwner) once every replica has said so — not a
 // timeout, with AckTimeout far away — and someone else's keeps running.
 func TestStopIsTheOwnersToDecide(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		cfg := replicaConfig{svc: Options{AckTimeout: 5 * time.Second}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
@@ -193,7 +195,7 @@ func TestStopIsTheOwnersToDecide(t *testing.T) {
 // (the chat's id is out before its request starts) stops the run only if
 // its caller may.
 func TestEarlyStopHonoursItsCaller(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{})
 		b := newReplica(t, be, "B", replicaConfig{})
 		ctx := context.Background()
@@ -215,7 +217,7 @@ func TestEarlyStopHonoursItsCaller(t *testing.T) {
 }
 
 func TestStopOnOwningReplica(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{})
 		o := a.own("inf_local")
 		res, err := a.svc.Request(context.Background(), "inf_local")
@@ -223,7 +225,7 @@ func TestStopOnOwningReplica(t *testing.T) {
 			t.Fatalf("local Request: %+v, %v; want acked locally", res, err)
 		}
 		// Nothing to tell the others: no key, no broadcast.
-		if n, _ := be.admin.Exists(context.Background(), a.bus.StopKey("inf_local")).Result(); n != 0 {
+		if n, _ := be.Admin.Exists(context.Background(), a.bus.StopKey("inf_local")).Result(); n != 0 {
 			t.Error("a local stop wrote the stop key")
 		}
 		if o.onStopped.Load() != 1 {
@@ -233,7 +235,7 @@ func TestStopOnOwningReplica(t *testing.T) {
 }
 
 func TestStopBeforeStart(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		cfg := replicaConfig{svc: Options{AckTimeout: 3 * time.Second}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
@@ -267,9 +269,9 @@ func TestStopBeforeStart(t *testing.T) {
 // starts) is found by Begin's key check, which answers the request still
 // waiting — here kept waiting by a subscriber that never answers.
 func TestEarlyStopOnTheRunningReplica(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{svc: Options{AckTimeout: 10 * time.Second}})
-		silent := be.admin.Subscribe(context.Background(), a.bus.Channel())
+		silent := be.Admin.Subscribe(context.Background(), a.bus.Channel())
 		defer silent.Close()
 		if _, err := silent.Receive(context.Background()); err != nil {
 			t.Fatal(err)
@@ -284,7 +286,7 @@ func TestEarlyStopOnTheRunningReplica(t *testing.T) {
 			done <- answer{res, err}
 		}()
 		waitFor(t, 5*time.Second, "the stop key", func() bool {
-			n, _ := be.admin.Exists(context.Background(), a.bus.StopKey("inf_mine_early")).Result()
+			n, _ := be.Admin.Exists(context.Background(), a.bus.StopKey("inf_mine_early")).Result()
 			return n == 1
 		})
 		o := a.ownFor("inf_mine_early", 7)
@@ -303,7 +305,7 @@ func TestEarlyStopOnTheRunningReplica(t *testing.T) {
 // is lost on the channel; A finds its key after re-subscribing. A real Redis
 // cannot be restarted from here: TestStopDuringPartition covers it.
 func TestStopWhileRedisRestarts(t *testing.T) {
-	be := newMiniBackend(t)
+	be := testredis.Mini(t)
 	// A comes back slowly (0.5–1 s), B quickly, so B's stop lands in A's gap.
 	a := newReplica(t, be, "A", replicaConfig{bus: RedisOptions{MinBackoff: time.Second, MaxBackoff: time.Second}})
 	b := newReplica(t, be, "B", replicaConfig{
@@ -312,9 +314,9 @@ func TestStopWhileRedisRestarts(t *testing.T) {
 	})
 	o := a.own("inf_restart")
 
-	be.mr.Close()
+	be.Mini.Close()
 	time.Sleep(50 * time.Millisecond)
-	if err := be.mr.Restart(); err != nil {
+	if err := be.Mini.Restart(); err != nil {
 		t.Fatalf("restart miniredis: %v", err)
 	}
 	waitFor(t, 3*time.Second, "B to re-subscribe", func() bool { return b.resubs.Load() > 0 })
@@ -343,14 +345,14 @@ func TestStopWhileRedisRestarts(t *testing.T) {
 // follows its re-subscription. B's Request does not wait for A: Redis says
 // nobody else heard it.
 func TestStopDuringPartition(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{bus: RedisOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}})
 		b := newReplica(t, be, "B", replicaConfig{svc: Options{AckTimeout: 3 * time.Second}})
 		o := a.own("inf_part")
 
-		a.gate.cut()
+		a.gate.Cut()
 		waitFor(t, 2*time.Second, "Redis to drop A's subscription", func() bool {
-			n, _ := be.admin.PubSubNumSub(context.Background(), b.bus.Channel()).Result()
+			n, _ := be.Admin.PubSubNumSub(context.Background(), b.bus.Channel()).Result()
 			return n[b.bus.Channel()] == 1
 		})
 		res, err := b.svc.Request(context.Background(), "inf_part")
@@ -360,7 +362,7 @@ func TestStopDuringPartition(t *testing.T) {
 		if o.wasStopped() {
 			t.Fatal("A stopped while partitioned; the test would prove nothing")
 		}
-		a.gate.heal()
+		a.gate.Heal()
 		select {
 		case <-o.stopped:
 		case <-time.After(5 * time.Second):
@@ -377,7 +379,7 @@ func TestStopDuringPartition(t *testing.T) {
 // PING goes unanswered, replaces the subscription, and finds the stop that B
 // published meanwhile through the key check.
 func TestStopOverHalfOpenConnection(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{
 			bus: RedisOptions{PingInterval: 100 * time.Millisecond, MinBackoff: 10 * time.Millisecond},
 			svc: Options{CheckTimeout: 2 * time.Second},
@@ -387,7 +389,7 @@ func TestStopOverHalfOpenConnection(t *testing.T) {
 		b := newReplica(t, be, "B", replicaConfig{svc: Options{AckTimeout: 3 * time.Second}})
 		o := a.own("inf_halfopen")
 
-		a.gate.freeze()
+		a.gate.Freeze()
 		res, err := b.svc.Request(context.Background(), "inf_halfopen")
 		if err != nil || !res.Acked {
 			t.Fatalf("Request: %+v, %v; want acked after A replaced its subscription", res, err)
@@ -406,18 +408,18 @@ func TestStopOverHalfOpenConnection(t *testing.T) {
 // TestRedisDown: with Redis gone, a stop of an inference this replica owns
 // still works; one owned elsewhere fails fast with ErrUnavailable.
 func TestRedisDown(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		cfg := replicaConfig{svc: Options{AckTimeout: 2 * time.Second}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
 		oLocal := a.own("inf_down_local")
 		oRemote := a.own("inf_down_remote")
 
-		if be.mr != nil {
-			be.mr.Close()
+		if be.Mini != nil {
+			be.Mini.Close()
 		} else {
-			a.gate.cut()
-			b.gate.cut()
+			a.gate.Cut()
+			b.gate.Cut()
 		}
 		// Noticing takes a read of the subscription connection: not in zero
 		// time. Until then a remote Request tries to publish, bounded by
@@ -468,7 +470,7 @@ func TestRedisDown(t *testing.T) {
 }
 
 func TestConcurrentDoubleStop(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEach(t, func(t *testing.T, be *testredis.Backend) {
 		a := newReplica(t, be, "A", replicaConfig{})
 		b := newReplica(t, be, "B", replicaConfig{})
 		c := newReplica(t, be, "C", replicaConfig{})
@@ -502,7 +504,7 @@ func TestConcurrentDoubleStop(t *testing.T) {
 // streams each check 100 times; the server sees no command at all. Starting
 // a stream costs exactly one (the stop-key check).
 func TestNoRedisCommandsPerToken(t *testing.T) {
-	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEachIsolated(t, func(t *testing.T, be *testredis.Backend) {
 		// No PINGs during the test.
 		cfg := replicaConfig{bus: RedisOptions{PingInterval: time.Hour}}
 		a := newReplica(t, be, "A", cfg)
@@ -512,12 +514,12 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 		// Warm A's connection pool first: a new connection's handshake
 		// (HELLO, CLIENT SETINFO) is not the cost of a Begin.
 		a.svc.Begin(context.Background(), "inf_warmup", 0, nil).End()
-		before := be.commands(t)
+		before := be.Commands(t)
 		runs := make([]*Run, streams)
 		for i := range runs {
 			runs[i] = a.svc.Begin(context.Background(), fmt.Sprintf("inf_tok_%d", i), 0, func() {})
 		}
-		afterBegin := be.commands(t)
+		afterBegin := be.Commands(t)
 		if got := afterBegin - before; got != streams {
 			t.Fatalf("%d Begins cost %d Redis commands, want %d", streams, got, streams)
 		}
@@ -534,7 +536,7 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		if got := be.commands(t) - afterBegin; got != 0 {
+		if got := be.Commands(t) - afterBegin; got != 0 {
 			t.Fatalf("%d×%d Stopped checks cost %d Redis commands, want 0", streams, tokens, got)
 		}
 		for _, r := range runs {
@@ -594,10 +596,10 @@ func TestLocalBus(t *testing.T) {
 }
 
 func TestRequestHonoursContext(t *testing.T) {
-	be := newMiniBackend(t)
+	be := testredis.Mini(t)
 	b := newReplica(t, be, "B", replicaConfig{svc: Options{AckTimeout: 5 * time.Second}})
 	// A subscriber that never answers keeps B's request waiting.
-	silent := be.admin.Subscribe(context.Background(), b.bus.Channel())
+	silent := be.Admin.Subscribe(context.Background(), b.bus.Channel())
 	defer silent.Close()
 	if _, err := silent.Receive(context.Background()); err != nil {
 		t.Fatal(err)
@@ -617,11 +619,11 @@ func TestRequestHonoursContext(t *testing.T) {
 // TestStartWhileRedisDown: Start reports the failure by its deadline, and the
 // bus subscribes on its own once Redis is back.
 func TestStartWhileRedisDown(t *testing.T) {
-	be := newMiniBackend(t)
-	be.mr.Close()
-	client := redis.NewClient(be.options())
+	be := testredis.Mini(t)
+	be.Mini.Close()
+	client := redis.NewClient(be.Options())
 	defer client.Close()
-	bus := NewRedisBus(client, RedisOptions{Prefix: be.prefix, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Logger: testLogger(t)})
+	bus := NewRedisBus(client, RedisOptions{Prefix: be.Prefix, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Logger: testredis.Logger(t)})
 	h := NewHolder(0)
 	defer h.Close()
 	s := NewService(h, bus, Options{})
@@ -637,7 +639,7 @@ func TestStartWhileRedisDown(t *testing.T) {
 	if bus.Ready() == nil {
 		t.Fatal("Ready with Redis down")
 	}
-	if err := be.mr.Restart(); err != nil {
+	if err := be.Mini.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the bus to subscribe after Redis came back", func() bool { return bus.Ready() == nil })
@@ -646,12 +648,12 @@ func TestStartWhileRedisDown(t *testing.T) {
 // A run begun with BeginFresh (an id nobody has seen yet) costs no Redis
 // command, and a stop sent once its id is out still reaches it.
 func TestBeginFreshCostsNoRedisCommand(t *testing.T) {
-	forEachIsolatedBackend(t, func(t *testing.T, be *backend) {
+	testredis.ForEachIsolated(t, func(t *testing.T, be *testredis.Backend) {
 		cfg := replicaConfig{bus: RedisOptions{PingInterval: time.Hour}}
 		a := newReplica(t, be, "A", cfg)
 		b := newReplica(t, be, "B", cfg)
 		a.svc.Begin(context.Background(), "inf_warmup", 0, nil).End()
-		before := be.commands(t)
+		before := be.Commands(t)
 		stopped := make(chan struct{})
 		var runs []*Run
 		for i := range 20 {
@@ -661,7 +663,7 @@ func TestBeginFreshCostsNoRedisCommand(t *testing.T) {
 			}
 			runs = append(runs, a.svc.BeginFresh(fmt.Sprintf("inf_fresh_%d", i), 0, onStop))
 		}
-		if got := be.commands(t) - before; got != 0 {
+		if got := be.Commands(t) - before; got != 0 {
 			t.Fatalf("20 fresh Begins cost %d Redis commands, want 0", got)
 		}
 		go func() {
