@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"moonji/internal/backoff"
 )
 
 // releaseDelay is how long a release given with ReleaseSoon waits for an
@@ -114,7 +116,7 @@ func (s *Store) flusher(ctx context.Context) {
 			return // Close sends what is left
 		case <-s.flushSoon:
 		}
-		if !sleepCtx(ctx, s.o.releaseDelay) {
+		if !backoff.Sleep(ctx, s.o.releaseDelay) {
 			return
 		}
 		// This call sends the releases queued during the delay too.

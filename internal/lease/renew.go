@@ -3,10 +3,11 @@ package lease
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/backoff"
 )
 
 // renewItem is one lease or wait entry sent for renewal, in the order the
@@ -141,7 +142,7 @@ func (s *Store) renew(ctx context.Context) error {
 func (s *Store) renewLoop(ctx context.Context) {
 	defer s.wg.Done()
 	interval := s.o.TTL / 3
-	backoff := min(50*time.Millisecond, interval)
+	delay := min(50*time.Millisecond, interval)
 	first, failing := true, false
 	for {
 		if first {
@@ -164,20 +165,20 @@ func (s *Store) renewLoop(ctx context.Context) {
 				s.log.Warn("lease renewal failed; retrying", "err", err)
 			}
 			failing = true
-			wait = jitter(backoff)
-			backoff = min(backoff*2, interval)
+			wait = backoff.Jitter(delay)
+			delay = min(delay*2, interval)
 		} else {
 			if failing {
 				s.log.Info("lease renewal restored")
 			}
 			failing = false
-			backoff = min(50*time.Millisecond, interval)
+			delay = min(50*time.Millisecond, interval)
 			if first {
 				first = false
 				close(s.renewedOnce)
 			}
 		}
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return
 		}
 	}
@@ -199,25 +200,4 @@ func (s *Store) loadScripts(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("lease: load scripts: %w", err)
 	}
 	return nil
-}
-
-// jitter returns a duration in [d/2, d), so that replicas do not retry in
-// lockstep.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + mrand.N(d/2)
-}
-
-// sleepCtx waits for d and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

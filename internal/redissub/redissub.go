@@ -19,12 +19,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"moonji/internal/backoff"
 )
 
 // Options configures a Sub. Zero values take the defaults.
@@ -142,7 +143,7 @@ func (s *Sub) Close() {
 func (s *Sub) loop(ctx context.Context) {
 	defer s.wg.Done()
 	ps := s.open(ctx)
-	backoff := s.o.MinBackoff
+	delay := s.o.MinBackoff
 	first, connected, pingSent := true, false, false
 	for ps != nil {
 		msg, err := ps.ReceiveTimeout(ctx, s.o.PingInterval)
@@ -171,14 +172,14 @@ func (s *Sub) loop(ctx context.Context) {
 				s.log.Warn("pub/sub subscription lost; reconnecting", "err", err)
 			}
 			connected, pingSent = false, false
-			if !sleepCtx(ctx, jitter(backoff)) {
+			if !backoff.Sleep(ctx, backoff.Jitter(delay)) {
 				return
 			}
-			backoff = min(backoff*2, s.o.MaxBackoff)
+			delay = min(delay*2, s.o.MaxBackoff)
 			continue
 		}
 
-		backoff, pingSent = s.o.MinBackoff, false
+		delay, pingSent = s.o.MinBackoff, false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind != "subscribe" || m.Channel != s.o.Channel {
@@ -243,24 +244,4 @@ func (s *Sub) setDown(err error) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// jitter returns a duration in [d/2, d).
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
-
-// sleepCtx waits for d and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
