@@ -17,21 +17,23 @@ import (
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
+	"moonji/internal/testredis"
 	"moonji/models"
 )
 
-// benchRedis is the Redis of the scale-out benchmarks: MOONJI_BENCH_REDIS_URL,
-// else MOONJI_TEST_REDIS_URL, else a miniredis (whose Lua is much slower
-// than Redis's: numbers from it say little).
+// benchRedis is the Redis of the scale-out benchmarks, a real one
+// (miniredis's Lua is much slower than Redis's: numbers from it would say
+// little): MOONJI_BENCH_REDIS_URL, else MOONJI_TEST_REDIS_URL, under a fresh
+// key prefix whose keys are deleted when the benchmark ends
+// (testredis.Real). Without either URL the benchmark is skipped.
 func benchRedis(b *testing.B) (url, prefix string) {
 	if u := os.Getenv("MOONJI_BENCH_REDIS_URL"); u != "" {
-		return u, fmt.Sprintf("moonjibench:%d:", time.Now().UnixNano())
+		b.Setenv(testredis.EnvURL, u)
+	} else if os.Getenv(testredis.EnvURL) == "" {
+		b.Skip("set MOONJI_BENCH_REDIS_URL or " + testredis.EnvURL + " to a real Redis")
 	}
-	url, prefix = os.Getenv("MOONJI_TEST_REDIS_URL"), fmt.Sprintf("moonjibench:%d:", time.Now().UnixNano())
-	if url == "" {
-		b.Skip("set MOONJI_BENCH_REDIS_URL or MOONJI_TEST_REDIS_URL to a real Redis")
-	}
-	return url, prefix
+	be := testredis.Real(b)
+	return be.URL, be.Prefix
 }
 
 // BenchmarkQueueFairnessAcrossReplicas measures the order in which three

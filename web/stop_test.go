@@ -387,10 +387,11 @@ func TestStopDuringRedisRestart(t *testing.T) {
 }
 
 // While 20 streams deliver 2,000 tokens, Redis sees a fixed number of
-// commands per request (the rate limit's script, the stop-key check, the
-// slot lease's acquire and release) and none per token. Two counts: the
-// round trips the replica's client makes (a hook on its Redis client), and
-// the commands the server runs, scripts' own included.
+// commands per request (the shared GCRA limiter's script, which every
+// request asks once, and the slot lease's acquire and release) and none
+// per token. Two counts: the round trips the replica's client makes (a
+// hook on its Redis client), and the commands the server runs, scripts'
+// own included.
 func TestNoRedisCommandsPerToken(t *testing.T) {
 	for _, real := range realModes(t) {
 		t.Run(modeName(real), func(t *testing.T) {
@@ -451,10 +452,10 @@ func TestNoRedisCommandsPerToken(t *testing.T) {
 			// The server's count varies a little from run to run: miniredis
 			// counts connection set-up (HELLO, CLIENT), and the scripts run
 			// a command or two more or less with the clock (a key's expiry
-			// pushed only when it has come near), and the rate limit's runs
-			// are taken and given back as timing falls, a few commands each
-			// (ratelimit/quota.go). 1,900 more tokens: one command per token
-			// would add 1,900.
+			// pushed only when it has come near). The rate limit is the same
+			// GCRA script for every request, whatever its length
+			// (ratelimit.Limiter.AllowRequest). 1,900 more tokens: one
+			// command per token would add 1,900.
 			if many-few > 100 {
 				t.Errorf("%d Redis commands for 20 requests of 100 tokens, %d for 5: something runs per token", many, few)
 			}

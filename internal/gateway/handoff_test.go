@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,10 +11,8 @@ import (
 	"time"
 
 	"moonji/internal/admission"
-	"moonji/internal/ledger"
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
-	"moonji/internal/testdb"
 	"moonji/models"
 )
 
@@ -56,14 +53,7 @@ type handoff struct {
 
 func newHandoff(t *testing.T) *handoff {
 	t.Helper()
-	db, err := models.Open(testdb.URLs()["sqlite"](t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { models.Close(db) })
-	quiet := slog.New(slog.DiscardHandler)
-	led := ledger.New(db, quiet)
-	t.Cleanup(led.Close)
+	db, led, quiet := newTestLedger(t)
 	sched, err := admission.New(admission.Config{
 		Backends: []admission.BackendSpec{{Name: "b", MaxConcurrency: 1}},
 		Pools:    []admission.PoolSpec{{Name: "b", Backends: []string{"b"}, MaxQueue: 1, QueueTimeout: 10 * time.Second}},

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -13,10 +12,8 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/admission"
-	"moonji/internal/ledger"
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
-	"moonji/internal/testdb"
 	"moonji/models"
 )
 
@@ -60,13 +57,7 @@ func (p *panicAfter) Close() error { return nil }
 // fails that request alone: a 500 in OpenAI's shape (or the stream's error
 // event), one error row, its slot freed for the next request.
 func TestPanicFailsOnlyItsRequest(t *testing.T) {
-	db, err := models.Open(testdb.URLs()["sqlite"](t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { models.Close(db) })
-	led := ledger.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	t.Cleanup(led.Close)
+	db, led, quiet := newTestLedger(t)
 	sched, err := admission.New(admission.Config{
 		Backends: []admission.BackendSpec{{Name: "b", MaxConcurrency: 1}},
 		Pools:    []admission.PoolSpec{{Name: "b", Backends: []string{"b"}, MaxQueue: 4, QueueTimeout: 10 * time.Second}},
@@ -78,7 +69,7 @@ func TestPanicFailsOnlyItsRequest(t *testing.T) {
 	backend := &Backend{Name: "b", Kind: "engine", Link: link}
 	met := metrics.New([]string{"m"}, []string{"b"})
 	g := New(Options{Routes: []*Route{{Model: "m", Backends: []*Backend{backend}, Pool: sched.Pool("b")}},
-		Scheduler: sched, Ledger: led, Metrics: met, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Scheduler: sched, Ledger: led, Metrics: met, Log: quiet})
 
 	serve := func(mode string) (*Response, string) {
 		link.mode.Store(mode)
