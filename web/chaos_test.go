@@ -41,7 +41,7 @@ import (
 // Size: MOONJI_CHAOS_N requests (default 300, small enough for make test
 // under the race detector); scripts/chaos.sh runs the full size.
 func TestChaos(t *testing.T) {
-	eachDatabase(t, chaos)
+	eachDatabaseInTurn(t, chaos) // it reads the process's heap
 }
 
 func chaos(t *testing.T, dbURL string) {

@@ -78,7 +78,22 @@ func freshPostgresSchema(t *testing.T, dsn string) string {
 }
 
 // eachDatabase runs fn once per database.
+//
+// The databases' runs go side by side: each has a gateway, a mock engine and
+// a database of its own, and most of a run is waiting, so two at once take
+// about the time of one. A test that measures the whole process (its heap,
+// its goroutines) uses eachDatabaseInTurn instead.
 func eachDatabase(t *testing.T, fn func(t *testing.T, dbURL string)) {
+	for name, mk := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, mk(t))
+		})
+	}
+}
+
+// eachDatabaseInTurn runs fn once per database, one run after the other.
+func eachDatabaseInTurn(t *testing.T, fn func(t *testing.T, dbURL string)) {
 	for name, mk := range databases(t) {
 		t.Run(name, func(t *testing.T) { fn(t, mk(t)) })
 	}
