@@ -8,12 +8,12 @@
 # of those (PROFILE=FILE, read with go tool pprof -sample_index=alloc_objects
 # -base FILE.base bin/moonji FILE).
 #
-#   scripts/bench-allocs.sh
-#   N=200 CHUNKS=2000 PROFILE=/tmp/allocs.pprof scripts/bench-allocs.sh
+#   bench/bench-allocs.sh
+#   N=200 CHUNKS=2000 PROFILE=/tmp/allocs.pprof bench/bench-allocs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 BIN=${MOONJI_BIN:-bin/moonji}
 [ -n "${MOONJI_BIN:-}" ] || make -s build
 command -v wrk >/dev/null || { echo "wrk not found (Debian: apt-get install wrk)" >&2; exit 2; }

@@ -6,7 +6,7 @@
 # exist: no request runs), and reads VmRSS again (connections still open)
 # and VmHWM, the peak.
 #
-#   scripts/bench-engine-envelopes.sh /tmp/moonji-before /tmp/moonji-after
+#   bench/bench-engine-envelopes.sh /tmp/moonji-before /tmp/moonji-after
 #
 # Scenarios: 4 × 33 MiB and 1 × 40 MiB before any session (a stranger),
 # then the same inside a session (session.open of the model first: a

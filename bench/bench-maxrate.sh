@@ -3,18 +3,18 @@
 # (issue 12): `moonji serve` pinned to core 1; the engine and the load
 # generator on core 0; open loop for 10 s at each rate in RATES.
 #
-#   scripts/bench-maxrate.sh                          (the ledger in SQLite)
-#   DB=postgres scripts/bench-maxrate.sh              (PostgreSQL + Redis rate limits)
-#   RATES="1000 3000 5000" scripts/bench-maxrate.sh
-#   PROFILE=/tmp/prof RATES=1000 scripts/bench-maxrate.sh  (a 9 s CPU profile
+#   bench/bench-maxrate.sh                          (the ledger in SQLite)
+#   DB=postgres bench/bench-maxrate.sh              (PostgreSQL + Redis rate limits)
+#   RATES="1000 3000 5000" bench/bench-maxrate.sh
+#   PROFILE=/tmp/prof RATES=1000 bench/bench-maxrate.sh  (a 9 s CPU profile
 #       and a heap profile per rate, cpu-RATE.pprof / heap-RATE.pprof)
-#   DIRECT=1 scripts/bench-maxrate.sh                 (the engine alone: what
+#   DIRECT=1 bench/bench-maxrate.sh                 (the engine alone: what
 #       the harness can offer at each rate)
-#   SLOWLOG=/tmp/slow scripts/bench-maxrate.sh        (the requests over 2 ms,
+#   SLOWLOG=/tmp/slow bench/bench-maxrate.sh        (the requests over 2 ms,
 #       when each was due and its latency, in /tmp/slow-RATE.txt)
 #
 # The engine is nginx answering the bench mock's chat completion
-# (bench_nginx_engine) and the load comes from scripts/openloop, whose
+# (bench_nginx_engine) and the load comes from bench/openloop, whose
 # latencies count from when each request was due: vegeta and the Go mock
 # cost core 0 too much a request to offer 5,000 req/s.
 # ENGINE=mock LOADGEN=vegeta is the earlier harness. Needs nginx
@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000"}
 BIN=${MOONJI_BIN:-bin/moonji}   # MOONJI_BIN: another build, e.g. the commit before a change
@@ -36,7 +36,7 @@ if [ "$ENGINE" = nginx ] && ! command -v nginx >/dev/null; then
 fi
 dir=$(mktemp -d)
 if [ "$LOADGEN" = openloop ]; then
-  go build -o "$dir/openloop" ./scripts/openloop
+  go build -o "$dir/openloop" ./bench/openloop
 fi
 port=18091
 db="sqlite://$dir/moonji.db" redis="" schema=""

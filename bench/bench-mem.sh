@@ -9,17 +9,17 @@
 # binary's (and other files') mapped pages (/proc/PID/status), and the
 # latency vegeta saw.
 #
-#   scripts/bench-mem.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
-#   RATE=500 DUR=20s scripts/bench-mem.sh bin/moonji
-#   DB=postgres scripts/bench-mem.sh bin/moonji   (the ledger in PostgreSQL,
-#       rate limits in Redis: $PG and $REDIS, see scripts/bench-lib.sh)
+#   bench/bench-mem.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   RATE=500 DUR=20s bench/bench-mem.sh bin/moonji
+#   DB=postgres bench/bench-mem.sh bin/moonji   (the ledger in PostgreSQL,
+#       rate limits in Redis: $PG and $REDIS, see bench/bench-lib.sh)
 #
 # A "build" may be a wrapper script, e.g. one that sets GOGC. Needs vegeta
 # (VEGETA=path; ../shared/bench/README.md says how to install it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATE=${RATE:-1000}
 DUR=${DUR:-15s}

@@ -4,15 +4,15 @@
 # Runs, one after the other against the same mock: Moonji with the ledger in
 # SQLite (the embedded default), Moonji with the ledger in PostgreSQL and
 # Redis rate limits, then nginx. Each prints its table; all land in
-# $WORK/results. "floor" (not run by default) adds scripts/floorproxy: a Go
+# $WORK/results. "floor" (not run by default) adds bench/floorproxy: a Go
 # reverse proxy with nothing in it, fasthttp's server and client, on one
 # core (GOMAXPROCS 1) — what any Go gateway costs on this machine.
 #
-#   scripts/bench-overhead.sh                 (about 3 x 9 minutes)
-#   ROUNDS=1 RATE_DUR=5s scripts/bench-overhead.sh   (a quick look)
-#   ONLY="sqlite nginx" scripts/bench-overhead.sh
-#   ONLY="sqlite postgres floor nginx" scripts/bench-overhead.sh
-#   MOONJI_BIN=/tmp/moonji-before LABEL_PREFIX=before- ONLY=sqlite scripts/bench-overhead.sh
+#   bench/bench-overhead.sh                 (about 3 x 9 minutes)
+#   ROUNDS=1 RATE_DUR=5s bench/bench-overhead.sh   (a quick look)
+#   ONLY="sqlite nginx" bench/bench-overhead.sh
+#   ONLY="sqlite postgres floor nginx" bench/bench-overhead.sh
+#   MOONJI_BIN=/tmp/moonji-before LABEL_PREFIX=before- ONLY=sqlite bench/bench-overhead.sh
 #                                  (another build, e.g. an earlier commit's)
 #
 # Needs vegeta (VEGETA=path; see the harness's README), nginx-light (the
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 export WORK=${WORK:-/tmp/peerbench}
 export VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 ONLY=${ONLY:-"sqlite postgres nginx"}
@@ -51,7 +51,7 @@ for what in $ONLY; do
       run_moonji moonji-postgres "$PG&search_path=$schema" "$REDIS"
       psql "$PG" -qc "DROP SCHEMA $schema CASCADE" >/dev/null ;;
     floor)
-      go build -o "$dir/floorproxy" ./scripts/floorproxy
+      go build -o "$dir/floorproxy" ./bench/floorproxy
       # Started on its core, so that Go sizes GOMAXPROCS to it.
       taskset -c "${CORE_GW:-1}" "$dir/floorproxy" -listen "127.0.0.1:$port" -upstream 127.0.0.1:18080 &
       server=$!

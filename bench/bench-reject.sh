@@ -4,10 +4,10 @@
 # on the same machine. Each wrk connection sends one request every 9 ms, so
 # 20 connections make ~2,100 req/s; wrk reports the latency distribution.
 #
-#   scripts/bench-reject.sh            (installs Debian's wrk when missing)
-#   MOONJI_BIN=/tmp/moonji-old scripts/bench-reject.sh   (another build, e.g. an earlier commit's)
+#   bench/bench-reject.sh            (installs Debian's wrk when missing)
+#   MOONJI_BIN=/tmp/moonji-old bench/bench-reject.sh   (another build, e.g. an earlier commit's)
 #   MOONJI_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable&search_path=bench' \
-#     scripts/bench-reject.sh          (the ledger in PostgreSQL; the schema must exist)
+#     bench/bench-reject.sh          (the ledger in PostgreSQL; the schema must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo; $sudo apt-get install -y -qq wrk >/dev/null; }

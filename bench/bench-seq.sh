@@ -8,25 +8,25 @@
 # MODE=stream measures a stream's first byte instead: 300 streams of 5
 # chunks 5 ms apart (CHUNKS=50 and N=200 for the harness's streams).
 #
-#   scripts/bench-seq.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
-#   MODE=stream scripts/bench-seq.sh /tmp/moonji-a /tmp/floorproxy
+#   bench/bench-seq.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   MODE=stream bench/bench-seq.sh /tmp/moonji-a /tmp/floorproxy
 #
 # A "build" may be a wrapper script, e.g. one that sets GOMAXPROCS=1,
-# scripts/floorproxy (go build -o /tmp/floorproxy ./scripts/floorproxy):
+# bench/floorproxy (go build -o /tmp/floorproxy ./bench/floorproxy):
 # a proxy with nothing in it, the floor for a Go gateway, or "nginx": the
 # harness's nginx-baseline.sh, the null proxy of issue 12's targets:
 #
-#   scripts/bench-seq.sh nginx /tmp/floorproxy bin/moonji nginx /tmp/floorproxy bin/moonji
+#   bench/bench-seq.sh nginx /tmp/floorproxy bin/moonji nginx /tmp/floorproxy bin/moonji
 #
 # A build followed by ",pg" keeps its ledger in a new schema of $PG, by
 # ",redis" its rate limits in $REDIS (bench-lib.sh), so that one sitting
 # can tell what each costs:
 #
-#   MODE=stream scripts/bench-seq.sh bin/moonji bin/moonji,redis bin/moonji,pg bin/moonji,pg,redis
+#   MODE=stream bench/bench-seq.sh bin/moonji bin/moonji,redis bin/moonji,pg bin/moonji,pg,redis
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 [ $# -ge 1 ] || { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 dir=$(mktemp -d)
 (cd "$BENCH/benchcli" && go build -o "$dir/benchcli" main.go)

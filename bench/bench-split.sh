@@ -10,20 +10,20 @@
 # client's p50 without and with the trace (the trace slows every system
 # call a little) and the split's medians.
 #
-#   scripts/bench-split.sh bin/moonji /tmp/floorproxy
-#   MODE=seq scripts/bench-split.sh bin/moonji      (non-streamed answers)
-#   CHUNKS=50 N=200 scripts/bench-split.sh bin/moonji   (the harness's streams)
-#   scripts/bench-split.sh bin/moonji bin/moonji,pg,redis   (ledger in PostgreSQL, limits in Redis)
+#   bench/bench-split.sh bin/moonji /tmp/floorproxy
+#   MODE=seq bench/bench-split.sh bin/moonji      (non-streamed answers)
+#   CHUNKS=50 N=200 bench/bench-split.sh bin/moonji   (the harness's streams)
+#   bench/bench-split.sh bin/moonji bin/moonji,pg,redis   (ledger in PostgreSQL, limits in Redis)
 #
 # MODE=stream (default) sends streams of CHUNKS chunks (5) DELAY apart
 # (5ms) and splits at the first byte; MODE=seq non-streamed requests. A
-# "build" may be scripts/floorproxy (go build -o /tmp/floorproxy
-# ./scripts/floorproxy). Needs perf (Debian: linux-perf), as root or with
+# "build" may be bench/floorproxy (go build -o /tmp/floorproxy
+# ./bench/floorproxy). Needs perf (Debian: linux-perf), as root or with
 # kernel.perf_event_paranoid ≤ -1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 [ $# -ge 1 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
 MODE=${MODE:-stream}

@@ -2,12 +2,12 @@
 # What one request costs the gateway's process, counted by the kernel:
 # CPU time (task-clock), system calls (all, and read, epoll_pwait, futex),
 # context switches and page faults per request, from `perf stat` over 5 s
-# in the middle of each rate of scripts/bench-maxrate.sh (gateway on core 1,
+# in the middle of each rate of bench/bench-maxrate.sh (gateway on core 1,
 # engine and load on core 0).
 #
-#   scripts/bench-syscalls.sh                         (3,000 and 5,000 req/s, SQLite)
-#   RATES="2000" MOONJI_BIN=/tmp/floorproxy scripts/bench-syscalls.sh   (the Go floor)
-#   DB=postgres scripts/bench-syscalls.sh             (PostgreSQL + Redis)
+#   bench/bench-syscalls.sh                         (3,000 and 5,000 req/s, SQLite)
+#   RATES="2000" MOONJI_BIN=/tmp/floorproxy bench/bench-syscalls.sh   (the Go floor)
+#   DB=postgres bench/bench-syscalls.sh             (PostgreSQL + Redis)
 #
 # Needs perf (Debian: linux-perf) and what bench-maxrate.sh needs.
 set -euo pipefail
@@ -33,7 +33,7 @@ events=task-clock,context-switches,page-faults,raw_syscalls:sys_enter,syscalls:s
   done
 ) &
 counter=$!
-MOONJI_BIN=$BIN RATES="$RATES" scripts/bench-maxrate.sh
+MOONJI_BIN=$BIN RATES="$RATES" bench/bench-maxrate.sh
 wait $counter
 printf '\nper request (5 s of each rate):\n'
 for r in $RATES; do

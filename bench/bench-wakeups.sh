@@ -2,28 +2,28 @@
 # How long the gateway's threads wait for the CPU after being woken, at
 # 1,000 req/s on one core (issue 12): the shared bench
 # mock and vegeta on core 0, each build in turn pinned to core 1 with all
-# its threads (as scripts/bench-mem.sh), perf recording the scheduler's
+# its threads (as bench/bench-mem.sh), perf recording the scheduler's
 # wake-up and switch events for 5 s in the middle of the load. Prints, per
-# build, the latency vegeta saw and scripts/wakeups' report: the delay from
+# build, the latency vegeta saw and bench/wakeups' report: the delay from
 # each wake-up of one of the build's threads to the switch that ran it, and
 # the threads that held the CPU through the long ones.
 #
-#   scripts/bench-wakeups.sh bin/moonji
-#   scripts/bench-wakeups.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
-#   DB=postgres scripts/bench-wakeups.sh bin/moonji   (PostgreSQL + Redis)
+#   bench/bench-wakeups.sh bin/moonji
+#   bench/bench-wakeups.sh /tmp/moonji-a /tmp/moonji-b /tmp/moonji-a /tmp/moonji-b
+#   DB=postgres bench/bench-wakeups.sh bin/moonji   (PostgreSQL + Redis)
 #
 # Needs perf (Debian: linux-perf) with access to the sched tracepoints (root,
 # or kernel.perf_event_paranoid ≤ -1), and vegeta (VEGETA=path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd .. && pwd)/shared/bench}
-. scripts/bench-lib.sh
+. bench/bench-lib.sh
 VEGETA=${VEGETA:-$(command -v vegeta || echo /tmp/bench-bin/vegeta)}
 RATE=${RATE:-1000}
 [ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
 dir=$(mktemp -d)
-go build -o "$dir/wakeups" ./scripts/wakeups
+go build -o "$dir/wakeups" ./bench/wakeups
 bench_mock "$dir"
 server=""
 trap 'kill $mock $server 2>/dev/null || true; wait $mock $server 2>/dev/null || true; bench_drop_schemas; rm -rf "$dir"' EXIT

@@ -1,8 +1,8 @@
 // Command floorproxy is a reverse proxy with nothing in it: every request
 // goes to one upstream and its answer comes back, streamed as it arrives.
 // It is the floor for any Go gateway on the machine it runs on, measured in
-// the same sitting as nginx and Moonji (scripts/bench-overhead.sh with
-// ONLY=floor, scripts/bench-seq.sh): what Go's runtime and an HTTP stack
+// the same sitting as nginx and Moonji (bench/bench-overhead.sh with
+// ONLY=floor, bench/bench-seq.sh): what Go's runtime and an HTTP stack
 // cost before a gateway does anything of its own.
 //
 //	floorproxy [-listen ADDR] [-upstream HOST:PORT] [-stack fasthttp|nethttp]

@@ -10,7 +10,7 @@
 // bench machine: at 5,000 req/s, vegeta and the mock engine on one core
 // cannot keep up with themselves (BENCHMARKS.md §30). openloop sends with
 // fasthttp's client from a fixed pool of connections and keeps only a
-// duration a request, so that scripts/bench-maxrate.sh can offer the rates
+// duration a request, so that bench/bench-maxrate.sh can offer the rates
 // issue 12 asks about.
 //
 // The output is one line: rate, sent, ok (2xx), p50, p90, p99 and max in

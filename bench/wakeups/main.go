@@ -13,7 +13,7 @@
 // lines (from /proc/PID/task/TID/stat, fields 41 and 19) so that the threads
 // holding the CPU are shown with their scheduling policy and nice value, and
 // the wake-ups of threads of the idle policy, which wait by design, are left
-// out; scripts/bench-wakeups.sh writes it.
+// out; bench/bench-wakeups.sh writes it.
 package main
 
 import (

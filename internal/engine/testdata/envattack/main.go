@@ -3,7 +3,7 @@
 // bytes (a chat.request for a session that does not exist, so that no
 // request runs), optionally after opening a session. It reports the
 // engine's VmRSS before and after, and its VmHWM, read from
-// /proc/PID/status. scripts/bench-engine-envelopes.sh runs it.
+// /proc/PID/status. bench/bench-engine-envelopes.sh runs it.
 //
 // It lives under testdata so that `go build ./...` and the tests skip it:
 //
