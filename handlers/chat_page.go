@@ -138,6 +138,7 @@ func (h *Handler) messageView(userID uint, m models.Message) views.ChatMessage {
 		}
 		return v
 	}
-	v.HTML = h.Chat.RenderFinal(chat.Final{Status: m.Status, Content: m.Content, Reason: m.Reason})
+	v.HTML = h.Chat.RenderFinal(chat.Final{Status: m.Status, Content: m.Content, Reason: m.Reason,
+		PromptTokens: m.PromptTokens, CompletionTokens: m.CompletionTokens, Cost: m.Cost})
 	return v
 }

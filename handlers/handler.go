@@ -15,10 +15,12 @@ import (
 
 	"moonji/internal/apikey"
 	"moonji/internal/auth"
+	"moonji/internal/budget"
 	"moonji/internal/chat"
 	"moonji/internal/clientip"
 	"moonji/internal/fairshare"
 	"moonji/internal/gateway"
+	"moonji/internal/spending"
 )
 
 // Handler carries what the handlers share.
@@ -52,6 +54,16 @@ type Handler struct {
 	Streams *fairshare.Holds
 	// Withdrawals end what a person holds once an admin disables them.
 	Withdrawals *fairshare.Withdrawals
+	// Currency is the unit of every price, cost and budget shown.
+	Currency string
+	// Policies are the senders' budgets and model lists as the gateway
+	// reads them; a page that changes one calls Policies.Forget, so that
+	// this replica applies it at once (others within the cache's 5 s).
+	// Budgets tells what each budget's period has spent (the /usage page,
+	// a team's page). Either may be nil: nothing is forgotten, no spending
+	// is shown.
+	Policies *spending.Resolver
+	Budgets  *budget.Store
 
 	// keyCreation makes counting a person's keys and creating one a single
 	// step on this replica, so that parallel forms cannot pass the count together.

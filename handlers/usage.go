@@ -101,11 +101,11 @@ func (h *Handler) UsageExport(c *fiber.Ctx) error {
 	// The writer runs after this handler returns: only what is copied out
 	// here (streamBody). A client that stops reading fails a write after
 	// StreamWriteTimeout instead of keeping the rows' query open.
-	db, log, user := h.DB, h.Log, sess.UserID
+	db, log, user, currency := h.DB, h.Log, sess.UserID, h.Currency
 	ctx, cancel := context.WithCancel(context.Background())
 	h.streamBody(ctx, cancel, c, "usage export", func(ctx context.Context, w *bufio.Writer, flush func() error) {
 		_ = flush() // arm the deadline before the first rows
-		if err := usageexport.Write(ctx, db, w, format, since, user, flush); err != nil && !errors.Is(err, context.Canceled) {
+		if err := usageexport.Write(ctx, db, w, format, currency, since, user, flush); err != nil && !errors.Is(err, context.Canceled) {
 			// The status has left already: the download ends short.
 			log.Warn("usage export cut short", "user", user, "format", format, "err", err)
 		}

@@ -12,13 +12,19 @@ import (
 // APIKey is a key a program uses on /v1. Only the SHA-256 of the secret is
 // stored; Prefix is the readable start shown in lists.
 type APIKey struct {
-	ID         uint   `gorm:"primaryKey"`
-	UserID     uint   `gorm:"index"`
-	User       User   `gorm:"constraint:OnDelete:CASCADE"`
-	Name       string `gorm:"size:200"`
-	Prefix     string `gorm:"size:32"`
-	Hash       string `gorm:"size:64;uniqueIndex"`
-	RPM        int    // per-key requests-per-minute override; 0 = the configured default
+	ID     uint   `gorm:"primaryKey"`
+	UserID uint   `gorm:"index"`
+	User   User   `gorm:"constraint:OnDelete:CASCADE"`
+	Name   string `gorm:"size:200"`
+	Prefix string `gorm:"size:32"`
+	Hash   string `gorm:"size:64;uniqueIndex"`
+	RPM    int    // per-key requests-per-minute override; 0 = the configured default
+	// Budget is what the key may spend per BudgetPeriod, in nano-units of
+	// the currency (internal/money); nil: no budget of its own.
+	Budget       *int64
+	BudgetPeriod string `gorm:"size:8"` // BudgetDay, BudgetMonth or BudgetTotal; "" without a budget
+	// Models are the models the key may use, comma-separated; "": all.
+	Models     string
 	ExpiresAt  *time.Time
 	RevokedAt  *time.Time
 	LastUsedAt *time.Time

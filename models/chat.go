@@ -60,6 +60,8 @@ type Message struct {
 	InferenceID      *string `gorm:"size:40;uniqueIndex"`
 	PromptTokens     int
 	CompletionTokens int
+	// Cost is its usage row's cost (nano-units of the currency).
+	Cost int64
 	// Replica runs the generation of a streaming message; a dead replica's
 	// messages are closed like its usage rows.
 	Replica   string `gorm:"size:200"`
@@ -349,6 +351,7 @@ type MessageEnd struct {
 	Reason           string
 	PromptTokens     int
 	CompletionTokens int
+	Cost             int64
 }
 
 // FinishMessage stores the final state of a streaming message. A message
@@ -358,7 +361,7 @@ func FinishMessage(ctx context.Context, db *gorm.DB, id string, end MessageEnd) 
 	err := db.WithContext(ctx).Model(&Message{}).Where("id = ? AND status = ?", id, MessageStreaming).
 		Updates(map[string]any{
 			"status": end.Status, "content": StorableText(end.Content), "reason": Storable(end.Reason, 200),
-			"prompt_tokens": end.PromptTokens, "completion_tokens": end.CompletionTokens,
+			"prompt_tokens": end.PromptTokens, "completion_tokens": end.CompletionTokens, "cost": end.Cost,
 			"updated_at": time.Now().UTC(),
 		}).Error
 	if err != nil {

@@ -46,6 +46,7 @@ type UsageRollup struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64 // nano-units (money)
 }
 
 // UsageByPerson holds requests and tokens per span, person and key (KeyID
@@ -60,6 +61,7 @@ type UsageByPerson struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64 // nano-units (money)
 }
 
 // TableName keeps the table's name short.
@@ -77,6 +79,7 @@ type UsageOfPerson struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64 // nano-units (money)
 }
 
 // TableName keeps the table's name short.
@@ -157,10 +160,10 @@ type latencyKey struct {
 	bucket        int
 }
 
-type sums struct{ requests, prompt, completion int64 }
+type sums struct{ requests, prompt, completion, cost int64 }
 
 func (s sums) add(u *Usage) sums {
-	return sums{s.requests + 1, s.prompt + int64(u.PromptTokens), s.completion + int64(u.CompletionTokens)}
+	return sums{s.requests + 1, s.prompt + int64(u.PromptTokens), s.completion + int64(u.CompletionTokens), s.cost + u.Cost}
 }
 
 // Rollup gathers the final rows of one write, to add them to the rollup
@@ -241,6 +244,7 @@ func addSums(table string, key ...string) clause.OnConflict {
 		"requests":          gorm.Expr(table + ".requests + excluded.requests"),
 		"prompt_tokens":     gorm.Expr(table + ".prompt_tokens + excluded.prompt_tokens"),
 		"completion_tokens": gorm.Expr(table + ".completion_tokens + excluded.completion_tokens"),
+		"cost":              gorm.Expr(table + ".cost + excluded.cost"),
 	})}
 }
 
@@ -254,7 +258,7 @@ var (
 	}
 )
 
-// rollupChunk bounds one statement (at most 9 values a row; SQLite allows
+// rollupChunk bounds one statement (at most 10 values a row; SQLite allows
 // 32766).
 const rollupChunk = 256
 
@@ -265,7 +269,7 @@ func (r *Rollup) Apply(tx *gorm.DB) error {
 	totals := make([]UsageRollup, 0, len(r.totals))
 	for k, s := range r.totals {
 		totals = append(totals, UsageRollup{Span: k.span, Start: k.start, Model: k.model, Outcome: k.outcome,
-			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion})
+			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion, Cost: s.cost})
 	}
 	slices.SortFunc(totals, func(a, b UsageRollup) int {
 		return cmp.Or(cmp.Compare(a.Span, b.Span), a.Start.Compare(b.Start), cmp.Compare(a.Model, b.Model), cmp.Compare(a.Outcome, b.Outcome))
@@ -273,7 +277,7 @@ func (r *Rollup) Apply(tx *gorm.DB) error {
 	people := make([]UsageByPerson, 0, len(r.people))
 	for k, s := range r.people {
 		people = append(people, UsageByPerson{Span: k.span, Start: k.start, UserID: k.user, KeyID: k.key,
-			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion})
+			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion, Cost: s.cost})
 	}
 	slices.SortFunc(people, func(a, b UsageByPerson) int {
 		return cmp.Or(cmp.Compare(a.Span, b.Span), a.Start.Compare(b.Start), cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.KeyID, b.KeyID))
@@ -281,7 +285,7 @@ func (r *Rollup) Apply(tx *gorm.DB) error {
 	ofPerson := make([]UsageOfPerson, 0, len(r.models))
 	for k, s := range r.models {
 		ofPerson = append(ofPerson, UsageOfPerson{UserID: k.user, Span: k.span, Start: k.start, Model: k.model, Outcome: k.outcome,
-			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion})
+			Requests: s.requests, PromptTokens: s.prompt, CompletionTokens: s.completion, Cost: s.cost})
 	}
 	slices.SortFunc(ofPerson, func(a, b UsageOfPerson) int {
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Span, b.Span), a.Start.Compare(b.Start),

@@ -70,7 +70,16 @@ type Usage struct {
 	Reason           string `gorm:"size:200"`
 	PromptTokens     int
 	CompletionTokens int
-	UsageSource      string `gorm:"size:16"`
+	// CachedTokens are those of PromptTokens the engine served from its
+	// cache (prompt_tokens_details.cached_tokens), billed at the model's
+	// cached price.
+	CachedTokens int
+	// Cost is what the row's tokens cost at its model's price when it was
+	// made final, in nano-units of the deployment's currency (money); 0 for
+	// a free model and for every rejected request. A later price change
+	// never rewrites it.
+	Cost        int64
+	UsageSource string `gorm:"size:16"`
 	QueueMs          int64
 	TTFTMs           *int64
 	DurationMs       int64

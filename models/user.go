@@ -27,8 +27,13 @@ type User struct {
 	// DisabledAt is set when an admin disabled the person: no sign-in, no
 	// session, no key works until an admin enables them again.
 	DisabledAt *time.Time
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
+	// Budget is what the person may spend per BudgetPeriod over all their
+	// keys and the chat, in nano-units of the currency (internal/money);
+	// nil: no budget of their own.
+	Budget       *int64
+	BudgetPeriod string `gorm:"size:8"` // BudgetDay, BudgetMonth or BudgetTotal; "" without a budget
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
 }
 
 // Disabled reports whether an admin has disabled the person.

@@ -34,9 +34,11 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app := s.App
 	provider := auth.Provider{}
 	admin := auth.AdminRule{}
+	teamsClaim := ""
 	if o := s.Config.OIDC; o != nil {
 		provider = auth.Provider{Issuer: o.Issuer, ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes}
 		admin = auth.AdminRule{Claim: o.AdminClaim, Value: o.AdminValue, Emails: o.AdminEmails}
+		teamsClaim = o.TeamsClaim
 	} else {
 		idp, err := s.devProvider(ctx)
 		if err != nil {
@@ -53,7 +55,8 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		// path decides admin the same way a real provider's groups would.
 		admin = auth.AdminRule{Claim: "groups", Value: devidp.AdminGroup}
 	}
-	svc, err := auth.New(auth.Options{DB: s.DB, Log: s.log, PublicURL: s.Config.PublicURL, Provider: provider, Admin: admin})
+	svc, err := auth.New(auth.Options{DB: s.DB, Log: s.log, PublicURL: s.Config.PublicURL, Provider: provider, Admin: admin,
+		TeamsClaim: teamsClaim})
 	if err != nil {
 		return fmt.Errorf("set up sign-in: %w", err)
 	}

@@ -1,6 +1,7 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -182,7 +183,11 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 
 	var routes []*gateway.Route
 	for _, m := range cfg.Models {
-		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames()))}
+		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames())),
+			Price: m.PriceOf(), ReserveOutput: cmp.Or(m.MaxOutputTokens, config.DefaultMaxOutputTokens)}
+		if m.Price != nil {
+			r.MaxOutput = m.MaxOutputTokens
+		}
 		// Validation made every backend of a model serve the same APIs.
 		for _, name := range byName[m.BackendNames()[0]].APIs {
 			if api, ok := proxy.ParseAPI(name); ok {

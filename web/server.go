@@ -21,6 +21,7 @@ import (
 	"moonji/handlers"
 	"moonji/internal/admission"
 	"moonji/internal/apikey"
+	"moonji/internal/budget"
 	"moonji/internal/chat"
 	"moonji/internal/config"
 	"moonji/internal/enginelink"
@@ -35,6 +36,7 @@ import (
 	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
+	"moonji/internal/spending"
 	"moonji/internal/stop"
 	"moonji/models"
 )
@@ -49,7 +51,10 @@ type Server struct {
 	Gateway *gateway.Gateway
 	Stops   *stop.Service
 	Redis   *redis.Client
-	Chat    *chat.Service
+	// Policies and Budgets decide what each sender may use and spend.
+	Policies *spending.Resolver
+	Budgets  *budget.Store
+	Chat     *chat.Service
 	// Scheduler hands out backend slots; Leases, with Redis, makes their
 	// limits hold across replicas.
 	Scheduler *admission.Scheduler
@@ -229,6 +234,12 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	}
 
 	limiter := s.newLimiter()
+	s.Policies = spending.NewResolver(db)
+	if s.Redis != nil {
+		s.Budgets = budget.NewRedis(s.Redis, cfg.RedisPrefix, spentIn{db}, log)
+	} else {
+		s.Budgets = budget.NewMemory(spentIn{db})
+	}
 	if err := s.startStops(ctx); err != nil {
 		return nil, err
 	}
@@ -250,6 +261,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		Routes: routes, Backends: backendList, Scheduler: s.Scheduler, Client: client, Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
 		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Log: log,
+		Policies: s.Policies, Budgets: s.Budgets, Currency: cfg.Currency,
 	})
 
 	s.App = fiber.New(fiber.Config{
@@ -279,7 +291,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	})
 	markUnread(s.App.Server())
 	lim := cfg.Limits
-	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID,
+	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID, Currency: cfg.Currency,
 		ContextTokens: cfg.Chat.ContextTokens, Log: log.With("component", "chat"),
 		Render: markdown.Render,
 		Stop: func(ctx context.Context, id string) error {
@@ -298,7 +310,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	wctx, stopWithdrawals := context.WithCancel(context.Background())
 	go withdrawals.Run(wctx)
 	s.closers = append(s.closers, stopWithdrawals)
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat,
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Currency: s.Config.Currency,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
 			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout,
 		Streams: streams, Withdrawals: withdrawals}
@@ -496,4 +508,11 @@ func openAIShaped(c *fiber.Ctx) bool {
 		return true // the JSON API (chat, stop) answers in OpenAI's shape too
 	}
 	return len(p) >= 3 && strings.EqualFold(p[:3], "/v1") && (len(p) == 3 || p[3] == '/')
+}
+
+// spentIn reads what a budget's scope spent from the database's rollups.
+type spentIn struct{ db *gorm.DB }
+
+func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (int64, error) {
+	return models.SpentSince(ctx, s.db, string(l.Scope), l.ID, since)
 }

@@ -144,7 +144,7 @@ func TestUsageExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, exp := strings.Join(recs[1], ","), strings.Join(usageexport.FromUsage(want).CSV(), ","); got != exp {
+	if got, exp := strings.Join(recs[1], ","), strings.Join(usageexport.FromUsage(want, "USD").CSV(), ","); got != exp {
 		t.Errorf("row %s\n got %s\nwant %s", want.InferenceID, got, exp)
 	}
 

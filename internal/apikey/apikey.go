@@ -82,6 +82,16 @@ func Hash(secret string) string {
 // Create issues a key for a user and stores only its hash. The secret is
 // returned once and never again.
 func Create(ctx context.Context, db *gorm.DB, userID uint, name string, expires time.Duration, rpm int) (secret string, key *models.APIKey, err error) {
+	return CreateLimited(ctx, db, userID, name, expires, rpm, models.Limits{})
+}
+
+// CreateLimited is Create for a key with a budget and a list of models
+// (models.Limits.Check), stored with the key in one row: the key never
+// exists without them.
+func CreateLimited(ctx context.Context, db *gorm.DB, userID uint, name string, expires time.Duration, rpm int, limits models.Limits) (secret string, key *models.APIKey, err error) {
+	if limits, err = limits.Check(); err != nil {
+		return "", nil, err
+	}
 	if strings.TrimSpace(name) == "" {
 		return "", nil, errors.New("a key needs a name")
 	}
@@ -92,7 +102,8 @@ func Create(ctx context.Context, db *gorm.DB, userID uint, name string, expires 
 	if err != nil {
 		return "", nil, err
 	}
-	key = &models.APIKey{UserID: userID, Name: strings.TrimSpace(name), Prefix: secret[:prefixLen], Hash: hash, RPM: rpm}
+	key = &models.APIKey{UserID: userID, Name: strings.TrimSpace(name), Prefix: secret[:prefixLen], Hash: hash, RPM: rpm,
+		Budget: limits.Budget, BudgetPeriod: limits.BudgetPeriod, Models: limits.Models}
 	if expires > 0 {
 		at := time.Now().UTC().Add(expires)
 		key.ExpiresAt = &at

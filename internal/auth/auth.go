@@ -73,6 +73,10 @@ type Options struct {
 	PublicURL string
 	Provider  Provider
 	Admin     AdminRule
+	// TeamsClaim, when set, names the claim (a dotted path works) whose
+	// values are the teams a person is placed in at each sign-in
+	// (models.SyncOIDCTeams); teams an admin added them to stay.
+	TeamsClaim string
 	// IdleTimeout ends a session unused for this long; MaxAge ends it
 	// whatever the activity. Zero means the defaults.
 	IdleTimeout time.Duration
@@ -93,6 +97,7 @@ type Service struct {
 	secure   bool
 	provider Provider
 	admin    AdminRule
+	teams    string // the teams claim; "": none
 	idle     time.Duration
 	maxAge   time.Duration
 	rp       *lazyParty
@@ -143,6 +148,7 @@ func New(o Options) (*Service, error) {
 		secure:   u.Scheme == "https",
 		provider: o.Provider,
 		admin:    o.Admin,
+		teams:    o.TeamsClaim,
 		idle:     o.IdleTimeout,
 		maxAge:   o.MaxAge,
 		Failures: NewFailureLimiter(o.FailureLimit, o.FailureWindow),

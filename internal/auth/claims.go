@@ -2,6 +2,7 @@ package auth
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -17,6 +18,9 @@ type Identity struct {
 	Name          string
 	// Claims are all claims of the ID token, merged with userinfo's.
 	Claims map[string]any
+	// userinfoFailed: userinfo was needed but failed, so a claim the ID
+	// token lacks may be missing rather than empty.
+	userinfoFailed bool
 }
 
 // IsAdmin applies the rule to a signed-in identity. An email grants admin
@@ -73,6 +77,29 @@ func claimHas(v any, want string) bool {
 		return fmt.Sprint(v) == want
 	}
 	return false
+}
+
+// claimStrings reads a claim's value as names: a string is one, a list
+// gives its strings (other elements are skipped), an object its keys
+// (Zitadel's roles), in order; anything else gives none.
+func claimStrings(v any) []string {
+	switch v := v.(type) {
+	case string:
+		return []string{v}
+	case []string:
+		return v
+	case []any:
+		out := make([]string, 0, len(v))
+		for _, e := range v {
+			if s, ok := e.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	case map[string]any:
+		return slices.Sorted(maps.Keys(v))
+	}
+	return nil
 }
 
 // mergeClaims adds to dst the claims it lacks from src (userinfo adds to the

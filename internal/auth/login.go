@@ -136,13 +136,15 @@ func (s *Service) identity(ctx context.Context, party rp.RelyingParty, tokens *o
 	id := Identity{Issuer: c.Issuer, Subject: c.Subject, Email: c.Email, EmailVerified: bool(c.EmailVerified),
 		Name: c.Name, Claims: mergeClaims(nil, c.Claims)}
 	_, hasAdminClaim := lookupClaim(id.Claims, s.admin.Claim)
-	needInfo := id.Email == "" || (s.admin.Claim != "" && !hasAdminClaim)
+	_, hasTeamsClaim := lookupClaim(id.Claims, s.teams)
+	needInfo := id.Email == "" || (s.admin.Claim != "" && !hasAdminClaim) || (s.teams != "" && !hasTeamsClaim)
 	if !needInfo || party.UserinfoEndpoint() == "" || tokens.Token == nil || tokens.AccessToken == "" {
 		return id
 	}
 	info, err := rp.Userinfo[*oidc.UserInfo](ctx, tokens.AccessToken, tokens.TokenType, c.Subject, party)
 	if err != nil {
 		s.log.WarnContext(ctx, "userinfo failed; using the ID token alone", "err", err)
+		id.userinfoFailed = true
 		return id
 	}
 	if id.Email == "" {

@@ -66,10 +66,35 @@ func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, er
 	if s.admin.configured() {
 		u.Admin = s.admin.IsAdmin(id)
 	}
-	// Never the disabled flag or the sign-in time: a save of a row read
-	// before an admin disabled the person would enable them again.
-	if err := s.db.WithContext(ctx).Omit("DisabledAt", "LastLoginAt").Save(&u).Error; err != nil {
+	// Never the disabled flag, the sign-in time or the budget: a save of a
+	// row read before an admin disabled the person (or set their budget)
+	// would undo it.
+	if err := s.db.WithContext(ctx).Omit("DisabledAt", "LastLoginAt", "Budget", "BudgetPeriod").Save(&u).Error; err != nil {
 		return nil, fmt.Errorf("save user %s: %w", email, err)
 	}
+	if err := s.syncTeams(ctx, u.ID, id); err != nil {
+		return nil, err
+	}
 	return &u, nil
+}
+
+// syncTeams places the person in the teams the teams claim names, when one
+// is configured: those of an earlier sign-in's claim that it no longer
+// names are left, the ones an admin added stay (models.SyncOIDCTeams). A
+// claim that is absent is no teams, unless userinfo, which may have held
+// it, failed: then the memberships stay as they are until the next sign-in.
+func (s *Service) syncTeams(ctx context.Context, userID uint, id Identity) error {
+	if s.teams == "" {
+		return nil
+	}
+	v, ok := lookupClaim(id.Claims, s.teams)
+	if !ok && id.userinfoFailed {
+		s.log.WarnContext(ctx, "teams claim missing and userinfo failed; teams left as they were", "user", userID)
+		return nil
+	}
+	var names []string
+	if ok {
+		names = claimStrings(v)
+	}
+	return models.SyncOIDCTeams(ctx, s.db, userID, names)
 }

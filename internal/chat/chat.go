@@ -24,6 +24,7 @@ import (
 	"gorm.io/gorm"
 
 	"moonji/internal/gateway"
+	"moonji/internal/money"
 	"moonji/internal/ratelimit"
 	"moonji/models"
 )
@@ -77,6 +78,8 @@ type Options struct {
 	Limits  Limits
 	Limiter *ratelimit.Limiter
 	Log     *slog.Logger
+	// Currency names the unit of the cost shown under each answer.
+	Currency string
 }
 
 // Service runs the chat of one replica.
@@ -407,6 +410,11 @@ func (s *Service) renderFinal(f Final) string {
 		b.WriteString(`<p class="error">`)
 		b.WriteString(html.EscapeString(reason))
 		b.WriteString(`</p>`)
+	}
+	if f.PromptTokens > 0 || f.CompletionTokens > 0 {
+		// What the answer was billed for, as its usage row says.
+		fmt.Fprintf(&b, `<p class="usage-note" data-cost="%d">%d tokens in · %d out · %s %s</p>`,
+			f.Cost, f.PromptTokens, f.CompletionTokens, money.FormatShort(f.Cost), html.EscapeString(s.o.Currency))
 	}
 	b.WriteString(`</div>`)
 	return b.String()

@@ -59,7 +59,8 @@ func (s *Service) Follow(ctx context.Context, userID uint, inferenceID string) (
 
 func (f *Follower) note(m *models.Message) {
 	if m.Status != models.MessageStreaming {
-		f.final = &Final{Status: m.Status, Content: m.Content, Reason: m.Reason}
+		f.final = &Final{Status: m.Status, Content: m.Content, Reason: m.Reason,
+			PromptTokens: m.PromptTokens, CompletionTokens: m.CompletionTokens, Cost: m.Cost}
 	}
 }
 

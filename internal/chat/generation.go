@@ -93,7 +93,7 @@ func (g *generation) run(p gateway.Principal, body []byte) {
 	default:
 		end := models.MessageEnd{Status: models.MessageError, Content: g.log.Text(-1), Reason: errorMessage(resp)}
 		if g.end != nil {
-			end.PromptTokens, end.CompletionTokens = g.end.Row.PromptTokens, g.end.Row.CompletionTokens
+			end.PromptTokens, end.CompletionTokens, end.Cost = g.end.Row.PromptTokens, g.end.Row.CompletionTokens, g.end.Row.Cost
 		}
 		g.finish(end)
 	}
@@ -253,7 +253,7 @@ func (g *generation) finishFromEnd() {
 	if g.end != nil {
 		row = g.end.Row
 	}
-	e.PromptTokens, e.CompletionTokens = row.PromptTokens, row.CompletionTokens
+	e.PromptTokens, e.CompletionTokens, e.Cost = row.PromptTokens, row.CompletionTokens, row.Cost
 	switch {
 	case g.overflow:
 		e.Status, e.Reason = models.MessageError, fmt.Sprintf("The answer grew past %d KiB and was cut.", maxLogBytes>>10)
@@ -299,7 +299,8 @@ func (g *generation) finish(e models.MessageEnd) {
 	}
 	g.finished = true
 	g.saveFinal(e)
-	g.log.Finish(Final{Status: e.Status, Content: models.StorableText(e.Content), Reason: e.Reason})
+	g.log.Finish(Final{Status: e.Status, Content: models.StorableText(e.Content), Reason: e.Reason,
+		PromptTokens: e.PromptTokens, CompletionTokens: e.CompletionTokens, Cost: e.Cost})
 	close(g.ended)
 }
 

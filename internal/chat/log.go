@@ -10,6 +10,9 @@ type Final struct {
 	Status  string
 	Content string
 	Reason  string
+	// The tokens and cost of the answer's usage row, shown under it.
+	PromptTokens, CompletionTokens int
+	Cost                           int64
 }
 
 // Log is one generation's text as it streams: append-only chunks (seq 1,

@@ -35,6 +35,11 @@ func renderKey(f Final) [32]byte {
 		h.Write(n[:])
 		h.Write([]byte(part))
 	}
+	var n [24]byte
+	binary.BigEndian.PutUint64(n[:], uint64(f.PromptTokens))
+	binary.BigEndian.PutUint64(n[8:], uint64(f.CompletionTokens))
+	binary.BigEndian.PutUint64(n[16:], uint64(f.Cost))
+	h.Write(n[:])
 	var k [32]byte
 	h.Sum(k[:0])
 	return k

@@ -1,5 +1,5 @@
-// Package cli implements moonji's command line: serve, engine, mockllm, keys
-// and usage. Its flags and outputs are a public interface: scripts depend on them.
+// Package cli implements moonji's command line: serve, engine, mockllm, keys,
+// people, teams and usage. Its flags and outputs are a public interface: scripts depend on them.
 package cli
 
 import (
@@ -18,7 +18,9 @@ Usage:
                                                default 127.0.0.1:9300; another address needs engine.token
                                                or MOONJI_ENGINE_TOKEN)
   moonji keys create --owner EMAIL --name NAME [--expires DURATION] [--rpm N]
-                                               issue an API key (printed once, alone on stdout)
+                    [--budget AMOUNT [--budget-period day|month|total]] [--models A,B]
+                                               issue an API key (printed once, alone on stdout);
+                                               a budget's period is month unless given
   moonji keys list                             list keys
   moonji keys revoke ID                        revoke a key
   moonji usage export [--since TIME] [--format jsonl|csv]
@@ -28,6 +30,13 @@ Usage:
                                                add a person (the password: embedded provider only)
   moonji people list [--filter TEXT]           list people
   moonji people disable|enable EMAIL           end a person's sessions and stop their keys, or undo it
+  moonji people budget EMAIL AMOUNT day|month|total
+                                               set what a person may spend over all their keys
+                                               and the chat (AMOUNT none: no budget)
+  moonji teams create NAME [--budget AMOUNT [--budget-period day|month|total]] [--models A,B]
+                                               make a team
+  moonji teams add|remove NAME EMAIL           put a person in a team, or take them out
+  moonji teams list                            list teams
 
 Every subcommand takes --config FILE (or MOONJI_CONFIG); with neither, the
 embedded default is used (SQLite under ./data, the built-in demo model).
@@ -57,6 +66,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdUsage(ctx, args[1:], stdout)
 	case "people":
 		return cmdPeople(ctx, args[1:], stdout)
+	case "teams":
+		return cmdTeams(ctx, args[1:], stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil

@@ -35,6 +35,8 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	name := fs.String("name", "", "name of the key")
 	expires := fs.String("expires", "", "lifetime, e.g. 720h or 30d (default: no expiry)")
 	rpm := fs.Int("rpm", 0, "requests per minute for this key (default: the configured limit)")
+	budget := addBudgetFlags(fs)
+	list := fs.String("models", "", "the models the key may use, comma-separated (default: all)")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -54,6 +56,13 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if *rpm < 0 {
 		return fmt.Errorf("%w: --rpm must not be negative", ErrUsage)
 	}
+	limits, err := budget.limits()
+	if err != nil {
+		return err
+	}
+	if limits.Models, err = modelsFlag(*list); err != nil {
+		return err
+	}
 	db, err := openFor(*path)
 	if err != nil {
 		return err
@@ -63,7 +72,7 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	secret, _, err := apikey.Create(ctx, db, user.ID, *name, lifetime, *rpm)
+	secret, _, err := apikey.CreateLimited(ctx, db, user.ID, *name, lifetime, *rpm, limits)
 	if err != nil {
 		return err
 	}
@@ -90,14 +99,15 @@ func keysList(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPREFIX\tNAME\tOWNER\tSTATUS\tRPM\tCREATED\tEXPIRES\tLAST USED")
+	fmt.Fprintln(tw, "ID\tPREFIX\tNAME\tOWNER\tSTATUS\tRPM\tBUDGET\tPERIOD\tMODELS\tCREATED\tEXPIRES\tLAST USED")
 	for _, k := range keys {
 		rpm := "default"
 		if k.RPM > 0 {
 			rpm = strconv.Itoa(k.RPM)
 		}
-		fmt.Fprintf(tw, "%d\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Name, k.User.Email,
-			k.Status(now), rpm, fmtTime(&k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt))
+		fmt.Fprintf(tw, "%d\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Name, k.User.Email,
+			k.Status(now), rpm, fmtBudget(k.Budget), fmtPeriod(k.BudgetPeriod), fmtModels(k.Models),
+			fmtTime(&k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt))
 	}
 	return tw.Flush()
 }

@@ -20,13 +20,15 @@ var stdin io.Reader = os.Stdin
 
 func cmdPeople(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: people needs add, list, disable or enable", ErrUsage)
+		return fmt.Errorf("%w: people needs add, list, budget, disable or enable", ErrUsage)
 	}
 	switch args[0] {
 	case "add":
 		return peopleAdd(ctx, args[1:], stdout)
 	case "list":
 		return peopleList(ctx, args[1:], stdout)
+	case "budget":
+		return peopleBudget(ctx, args[1:], stdout)
 	case "disable", "enable":
 		return peopleSwitch(ctx, args[0], args[1:], stdout)
 	default:
@@ -104,9 +106,10 @@ func peopleList(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tEMAIL\tADMIN\tDISABLED\tLAST LOGIN\tACTIVE KEYS")
+	fmt.Fprintln(tw, "ID\tEMAIL\tADMIN\tDISABLED\tLAST LOGIN\tACTIVE KEYS\tBUDGET\tPERIOD")
 	for _, p := range people {
-		fmt.Fprintf(tw, "%d\t%s\t%t\t%s\t%s\t%d\n", p.ID, p.Email, p.Admin, fmtTime(p.DisabledAt), fmtTime(p.LastLoginAt), p.ActiveKeys)
+		fmt.Fprintf(tw, "%d\t%s\t%t\t%s\t%s\t%d\t%s\t%s\n", p.ID, p.Email, p.Admin, fmtTime(p.DisabledAt), fmtTime(p.LastLoginAt),
+			p.ActiveKeys, fmtBudget(p.Budget), fmtPeriod(p.BudgetPeriod))
 	}
 	if more {
 		fmt.Fprintln(tw, "…\t(more: use --filter)")
@@ -150,5 +153,55 @@ func peopleSwitch(ctx context.Context, verb string, args []string, stdout io.Wri
 		return err
 	}
 	_, err = fmt.Fprintf(stdout, "enabled %s\n", user.Email)
+	return err
+}
+
+// peopleBudget sets or removes a person's budget: `people budget EMAIL
+// AMOUNT PERIOD`, or `people budget EMAIL none`. It covers everything they
+// spend, over all their keys and the chat; running servers see it within
+// the key cache's few seconds.
+func peopleBudget(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, path := newFlagSet("people budget")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	var budget *int64
+	var period string
+	switch {
+	case len(pos) >= 2 && len(pos) <= 3 && strings.EqualFold(pos[1], "none"):
+		// No budget; a period after "none" means nothing and is let be.
+	case len(pos) == 3:
+		amount, err := parseAmount("AMOUNT", pos[1])
+		if err != nil {
+			return err
+		}
+		if period, err = parsePeriod("PERIOD", pos[2]); err != nil {
+			return err
+		}
+		budget = &amount
+	default:
+		return fmt.Errorf("%w: people budget needs EMAIL AMOUNT PERIOD (day, month or total), or EMAIL none", ErrUsage)
+	}
+	db, err := openFor(*path)
+	if err != nil {
+		return err
+	}
+	defer models.Close(db)
+	user, err := models.UserByEmail(ctx, db, pos[0])
+	if errors.Is(err, models.ErrNotFound) {
+		return fmt.Errorf("nobody with the email %q", pos[0])
+	}
+	if err != nil {
+		return err
+	}
+	if err := models.SetPersonBudget(ctx, db, user.ID, budget, period); err != nil {
+		return err
+	}
+	if budget == nil {
+		_, err = fmt.Fprintf(stdout, "%s: no budget\n", user.Email)
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s: budget %s per %s\n", user.Email, fmtBudget(budget), period)
 	return err
 }

@@ -32,12 +32,16 @@ func cmdUsage(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: --since: %v", ErrUsage, err)
 	}
-	db, err := openFor(*path)
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	db, err := models.Open(cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer models.Close(db)
-	return usageexport.Write(ctx, db, stdout, *format, from, 0, nil)
+	return usageexport.Write(ctx, db, stdout, *format, cfg.Currency, from, 0, nil)
 }
 
 // parseSince reads --since: RFC 3339, a date, or a duration before now.

@@ -14,11 +14,14 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"moonji/internal/money"
 )
 
 // DemoModel is the name of the built-in model served in-process on the
@@ -70,9 +73,12 @@ type Config struct {
 	RateLimit        RateLimit `yaml:"rate_limit"`
 	Backends         []Backend `yaml:"backends"`
 	Models           []Model   `yaml:"models"`
-	Stop             Stop      `yaml:"stop"`
-	OIDC             *OIDC     `yaml:"oidc"`
-	DevIDP           DevIDP    `yaml:"dev_idp"`
+	// Currency is the one currency of every price, cost and budget (an
+	// ISO 4217 code; default USD). Amounts are never converted.
+	Currency string `yaml:"currency"`
+	Stop     Stop   `yaml:"stop"`
+	OIDC     *OIDC  `yaml:"oidc"`
+	DevIDP   DevIDP `yaml:"dev_idp"`
 
 	// StreamWriteTimeout cancels a stream whose client makes no write
 	// progress (stops reading but keeps the socket open) for this long,
@@ -248,6 +254,40 @@ type Model struct {
 	Backend       string   `yaml:"backend"`
 	Backends      []string `yaml:"backends"`
 	UpstreamModel string   `yaml:"upstream_model"`
+	// Price is what a million tokens cost, in the deployment's currency;
+	// nil: the model is free (an internal one), its rows cost 0.
+	Price *Price `yaml:"price"`
+	// MaxOutputTokens is the output a request that sets no limit may make:
+	// what its budget reservation counts, and the max_tokens the engine is
+	// given for it when the model has a price (0: DefaultMaxOutputTokens
+	// reserved, and the request passes as it is).
+	MaxOutputTokens int `yaml:"max_output_tokens"`
+}
+
+// Price is a model's price in currency units per million tokens.
+type Price struct {
+	Input       float64 `yaml:"input"`
+	Output      float64 `yaml:"output"`
+	CachedInput float64 `yaml:"cached_input"`
+}
+
+// DefaultMaxOutputTokens is reserved for a request to a priced model that
+// sets no output limit when the model configures no max_output_tokens.
+const DefaultMaxOutputTokens = 4096
+
+// MaxOutputTokensLimit bounds max_output_tokens.
+const MaxOutputTokensLimit = 10_000_000
+
+// PriceOf is the model's price in nano-units (the zero Price when free).
+// The configuration was validated: the numbers convert.
+func (m Model) PriceOf() money.Price {
+	if m.Price == nil {
+		return money.Price{}
+	}
+	in, _ := money.FromFloat(m.Price.Input, money.MaxPrice)
+	out, _ := money.FromFloat(m.Price.Output, money.MaxPrice)
+	cached, _ := money.FromFloat(m.Price.CachedInput, money.MaxPrice)
+	return money.Price{Input: in, Output: out, CachedInput: cached}
 }
 
 // BackendNames lists the backends that serve the model, whichever form the
@@ -296,6 +336,9 @@ type OIDC struct {
 	AdminClaim   string   `yaml:"admin_claim"`
 	AdminValue   string   `yaml:"admin_value"`
 	AdminEmails  []string `yaml:"admin_emails"`
+	// TeamsClaim names a claim (e.g. groups; a dotted path works) whose
+	// values place the person in teams of those names at each sign-in.
+	TeamsClaim string `yaml:"teams_claim"`
 }
 
 // DevIDP configures the embedded development OpenID provider.
@@ -371,7 +414,13 @@ func (c *Config) applyEnv() {
 	}
 }
 
+// currencyCode is what Currency may be.
+var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
+
 func (c *Config) applyDefaults() {
+	if c.Currency == "" {
+		c.Currency = "USD"
+	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}
@@ -670,6 +719,19 @@ func (c *Config) Validate() error {
 		case !backends[m.Backend]:
 			bad(key+".backend", "unknown backend %q", m.Backend)
 		}
+		if m.Price != nil {
+			for field, v := range map[string]float64{"input": m.Price.Input, "output": m.Price.Output, "cached_input": m.Price.CachedInput} {
+				if _, err := money.FromFloat(v, money.MaxPrice); err != nil {
+					bad(key+".price."+field, "%v", err)
+				}
+			}
+		}
+		if m.MaxOutputTokens < 0 || m.MaxOutputTokens > MaxOutputTokensLimit {
+			bad(key+".max_output_tokens", "must be between 0 and %d, got %d", MaxOutputTokensLimit, m.MaxOutputTokens)
+		}
+	}
+	if !currencyCode.MatchString(c.Currency) {
+		bad("currency", "want a code of 3 capital letters (ISO 4217, e.g. USD), got %q", c.Currency)
 	}
 	if c.LeaseTTL < time.Second || c.LeaseTTL > 10*time.Minute {
 		bad("lease_ttl", "must be between 1s and 10m, got %s", c.LeaseTTL)

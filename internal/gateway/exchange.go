@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/admission"
+	"moonji/internal/budget"
 	"moonji/internal/connwatch"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
@@ -43,7 +44,10 @@ type exchange struct {
 	backend *Backend
 	hdr     http.Header
 	tokens  *ratelimit.Reservation
-	row     models.Usage
+	// budget is what the request holds against its budgets, settled with
+	// its cost at finish.
+	budget *budget.Reservation
+	row    models.Usage
 	// begun receives the result of the pending row's write; start sets it.
 	// A request refused before it ever waited has no pending row: its one
 	// row is written final (Record) at finish.
@@ -371,8 +375,11 @@ func (x *exchange) answerID() string {
 }
 
 // choices is the number of choices the client asked for (n), 1 by default.
-func (x *exchange) choices() int {
-	n := gjson.GetBytes(x.call.Body, "n").Int()
+func (x *exchange) choices() int { return choicesOf(x.call.Body) }
+
+// choicesOf reads n from a request body: 1 by default, at most 64.
+func choicesOf(body []byte) int {
+	n := gjson.GetBytes(body, "n").Int()
 	if n < 1 {
 		return 1
 	}

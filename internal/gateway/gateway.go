@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -15,11 +16,13 @@ import (
 	"time"
 
 	"moonji/internal/admission"
+	"moonji/internal/budget"
 	"moonji/internal/fairshare"
 	"moonji/internal/ledger"
 	"moonji/internal/metrics"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
+	"moonji/internal/spending"
 	"moonji/internal/stop"
 	"moonji/models"
 )
@@ -67,6 +70,11 @@ type Gateway struct {
 	// stream to its inference id while it runs on this replica, so that
 	// POST /v1/responses/{id}/cancel finds it.
 	running sync.Map
+	// policies tell what each sender may use and spend; budgets hold their
+	// spending (nil: no budgets, every model for everyone).
+	policies *spending.Resolver
+	budgets  *budget.Store
+	currency string
 	// people holds the requests running or queued here by person, so
 	// that a person whose access is withdrawn loses them (EndPerson).
 	people *fairshare.Holds
@@ -97,13 +105,18 @@ type Options struct {
 	// progress for this long (0: never).
 	StreamWriteTimeout time.Duration
 	Log                *slog.Logger
+	// Policies and Budgets enforce model lists and budgets (nil: none);
+	// Currency names the unit of refusals' messages.
+	Policies *spending.Resolver
+	Budgets  *budget.Store
+	Currency string
 }
 
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
 		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log,
-		sched: o.Scheduler, people: fairshare.New(0)}
+		sched: o.Scheduler, people: fairshare.New(0), policies: o.Policies, budgets: o.Budgets, currency: o.Currency}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -117,6 +130,28 @@ func New(o Options) *Gateway {
 
 // Models lists the public model names in configuration order.
 func (g *Gateway) Models() []string { return g.order }
+
+// ModelsFor lists the models p may use, in configuration order: a model
+// outside their key's or teams' lists does not exist for them.
+func (g *Gateway) ModelsFor(ctx context.Context, p Principal) ([]string, error) {
+	if g.policies == nil || p.UserID == 0 {
+		return g.order, nil
+	}
+	pol, err := g.policies.For(ctx, p.UserID, p.KeyID)
+	if err != nil {
+		return nil, err
+	}
+	if !pol.Restricted() {
+		return g.order, nil
+	}
+	var out []string
+	for _, m := range g.order {
+		if pol.Allows(m) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
 
 // Call is one inference request.
 type Call struct {

@@ -107,7 +107,7 @@ func (x *exchange) closingFrames(res *proxy.RelayResult) []byte {
 	x.row.CompletionTokens = res.ContentChunks
 	x.row.UsageSource = models.UsageFromCounted
 	if res.HasUsage {
-		x.row.PromptTokens = res.Usage.PromptTokens
+		x.row.PromptTokens, x.row.CachedTokens = res.Usage.PromptTokens, res.Usage.CachedTokens
 		if res.Done {
 			x.row.CompletionTokens = res.Usage.CompletionTokens
 			x.row.UsageSource = models.UsageFromEngine
@@ -460,6 +460,8 @@ func (x *exchange) finish() {
 	if x.tokens != nil {
 		x.tokens.Reconcile(context.Background(), row.PromptTokens+row.CompletionTokens)
 	}
+	row.Cost = x.route.cost(row)
+	x.settle()
 	x.record()
 	if x.call.OnEnd != nil {
 		end := End{Row: *row}

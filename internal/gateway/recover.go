@@ -56,8 +56,10 @@ func (x *exchange) panicked() {
 	if !x.recorded {
 		x.row.Outcome, x.row.Reason, x.row.Status = models.OutcomeError, "internal_panic", http.StatusInternalServerError
 		x.row.DurationMs = time.Since(x.call.Start).Milliseconds()
+		x.row.Cost = x.route.cost(&x.row)
 		x.record()
 	}
+	x.settle()
 	if x.stopRun != nil {
 		x.stopRun.EndWith(x.row.Outcome)
 	}
@@ -150,7 +152,7 @@ func (x *exchange) wholeUsage(data []byte) {
 		return
 	}
 	if u, ok := proxy.ReadUsage(v, prompt, completion); ok {
-		x.row.PromptTokens, x.row.CompletionTokens = u.PromptTokens, u.CompletionTokens
+		x.row.PromptTokens, x.row.CompletionTokens, x.row.CachedTokens = u.PromptTokens, u.CompletionTokens, u.CachedTokens
 		x.row.UsageSource = models.UsageFromEngine
 		return
 	}

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"moonji/internal/admission"
+	"moonji/internal/money"
 	"moonji/internal/proxy"
+	"moonji/models"
 )
 
 // Routing: which backends serve a public model (from configuration only),
@@ -52,6 +54,22 @@ type Route struct {
 	APIs proxy.APISet
 	// Timeout bounds a request from its arrival to its end (0: none).
 	Timeout time.Duration
+	// Price is what the model's tokens cost (zero: free).
+	Price money.Price
+	// MaxOutput is the output a request that sets no limit may make (the
+	// engine is given it when the model has a price; 0: none given) and
+	// ReserveOutput what a budget reserves for such a request.
+	MaxOutput, ReserveOutput int
+}
+
+// cost is what row's tokens cost at the route's price; a rejected request
+// costs nothing, whatever it holds.
+func (r *Route) cost(row *models.Usage) int64 {
+	if r == nil || row.Outcome == models.OutcomeRejected || r.Price.Free() {
+		return 0
+	}
+	return money.Cost(r.Price, money.Tokens{Prompt: int64(row.PromptTokens), Cached: int64(row.CachedTokens),
+		Completion: int64(row.CompletionTokens)})
 }
 
 // serves reports whether the route's backends serve api.

@@ -39,8 +39,12 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
 	}
+	policy, refused := g.policy(call)
+	if refused != nil {
+		return refused
+	}
 	route, ok := g.routes[req.Model]
-	if !ok {
+	if !ok || !policy.Allows(req.Model) {
 		return g.reject(call, req.Model, http.StatusNotFound, "model_not_found", apiError{
 			message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
 			typ:     "invalid_request_error", code: "model_not_found", param: "model"}, nil)
@@ -74,12 +78,24 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 		upBody = chat
 	}
 	body, err := proxy.RewriteBody(upBody, upReq, route.UpstreamModel)
+	if err == nil && route.MaxOutput > 0 && upReq.MaxTokens <= 0 {
+		// The output a budget reserved for is the most the engine makes.
+		body, err = proxy.LimitOutput(body, upReq.API, route.MaxOutput)
+	}
 	if err != nil {
 		return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
 	}
+	// Last before the exchange, which settles it on every path.
+	held, refused := g.reserve(call, req, route, policy.Limits, hdr)
+	if refused != nil {
+		if tokens != nil {
+			tokens.Reconcile(context.Background(), 0)
+		}
+		return refused
+	}
 
 	x = &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
-		row: g.row(call, req.Model, route.Pool.Name()), stopRun: call.Stop}
+		budget: held, row: g.row(call, req.Model, route.Pool.Name()), stopRun: call.Stop}
 	return x.run(body)
 }
 

@@ -48,12 +48,12 @@ import (
 // them; TestJSONColumnsMatchSchema keeps it equal to gorm's.
 var usageColumns = []string{"inference_id", "created_at", "finished_at", "user_id", "user", "key_id", "source",
 	"api", "model", "backend", "retried_from", "response_id", "outcome", "status", "reason", "prompt_tokens",
-	"completion_tokens", "usage_source", "queue_ms", "ttft_ms", "duration_ms", "replica"}
+	"completion_tokens", "cached_tokens", "cost", "usage_source", "queue_ms", "ttft_ms", "duration_ms", "replica"}
 
 // pgTypes are the PostgreSQL types of the columns that are not text (the
 // types gorm's migration gives them), which ->> hands out as text.
 var pgTypes = map[string]string{"created_at": "timestamptz", "finished_at": "timestamptz", "user_id": "bigint",
-	"key_id": "bigint", "status": "bigint", "prompt_tokens": "bigint", "completion_tokens": "bigint",
+	"key_id": "bigint", "status": "bigint", "prompt_tokens": "bigint", "completion_tokens": "bigint", "cached_tokens": "bigint", "cost": "bigint",
 	"queue_ms": "bigint", "ttft_ms": "bigint", "duration_ms": "bigint"}
 
 // sqliteTimeFormat is how the SQLite driver writes a time.Time (its first
@@ -207,6 +207,10 @@ func appendUsageJSON(b []byte, u *models.Usage, micro bool) []byte {
 	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
 	b = append(b, ',')
 	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(u.CachedTokens), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, u.Cost, 10)
 	b = append(b, ',')
 	b = jsonguard.AppendString(b, u.UsageSource)
 	b = append(b, ',')

@@ -36,7 +36,7 @@ const sqliteStatementRows = 64
 
 // finalColumns are the columns a Finish sets on its pending row.
 var finalColumns = []string{"finished_at", "outcome", "status", "reason", "prompt_tokens", "completion_tokens",
-	"usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend", "retried_from", "response_id"}
+	"cached_tokens", "cost", "usage_source", "queue_ms", "ttft_ms", "duration_ms", "backend", "retried_from", "response_id"}
 
 // errNotPending fails a batch in which a Finish found its row already
 // final: another replica closed it as gateway_restart, having found this
@@ -185,7 +185,7 @@ func (l *Ledger) exec(tx *gorm.DB, p *plan) error {
 	for i := range p.updates {
 		u := &p.updates[i]
 		res := tx.Model(&models.Usage{}).Where("inference_id = ? AND outcome = ?", u.InferenceID, models.OutcomePending).
-			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens",
+			Select("FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens", "CachedTokens", "Cost",
 				"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend", "RetriedFrom", "ResponseID").
 			Updates(u)
 		if res.Error != nil {

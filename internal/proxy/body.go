@@ -156,3 +156,22 @@ func appendMember(obj []byte, member string) []byte {
 	out = append(out, member...)
 	return append(out, obj[end:]...)
 }
+
+// LimitOutput sets the output limit of a request that set none to n:
+// max_tokens for chat and completions, max_output_tokens for Responses (an
+// embedding has no output). jsonguard refused repeats of those members, so
+// the one sjson sets is the one the engine reads.
+func LimitOutput(body []byte, api API, n int) ([]byte, error) {
+	field := "max_tokens"
+	switch api {
+	case APIEmbeddings:
+		return body, nil
+	case APIResponses:
+		field = "max_output_tokens"
+	}
+	out, err := sjson.SetBytes(body, field, n)
+	if err != nil {
+		return nil, fmt.Errorf("set %s: %w", field, err)
+	}
+	return out, nil
+}

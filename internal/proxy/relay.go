@@ -19,6 +19,10 @@ import (
 type Usage struct {
 	PromptTokens     int
 	CompletionTokens int
+	// CachedTokens are those of PromptTokens the engine served from its
+	// prompt cache (prompt_tokens_details.cached_tokens, or Responses'
+	// input_tokens_details): at most PromptTokens, 0 when it did not say.
+	CachedTokens int
 }
 
 // RelayOptions steer one SSE relay.

@@ -24,9 +24,10 @@ func ReadUsage(v gjson.Result, prompt, completion string) (Usage, bool) {
 		return Usage{}, false
 	}
 	var (
-		u      Usage
-		pv, cv gjson.Result
+		u          Usage
+		pv, cv, dv gjson.Result
 	)
+	details := prompt + "_details" // prompt_tokens_details, input_tokens_details
 	// One pass, the last of repeated keys winning, as engines' own JSON
 	// parsers read them.
 	v.ForEach(func(k, x gjson.Result) bool {
@@ -35,12 +36,21 @@ func ReadUsage(v gjson.Result, prompt, completion string) (Usage, bool) {
 			pv = x
 		case completion:
 			cv = x
+		case details:
+			dv = x
 		}
 		return true
 	})
 	var okP, okC bool
 	u.PromptTokens, okP = TokenCount(pv)
 	u.CompletionTokens, okC = TokenCount(cv)
+	if dv.IsObject() {
+		// A cached count that cannot be true bills every prompt token at
+		// the input price: never less than was used.
+		if n, ok := TokenCount(dv.Get("cached_tokens")); ok && n <= u.PromptTokens {
+			u.CachedTokens = n
+		}
+	}
 	return u, okP && okC
 }
 

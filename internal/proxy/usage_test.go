@@ -13,10 +13,10 @@ func TestReadUsage(t *testing.T) {
 		want  Usage
 		ok    bool
 	}{
-		{`{"prompt_tokens":12,"completion_tokens":9}`, Usage{12, 9}, true},
-		{`{"prompt_tokens":12}`, Usage{12, 0}, true}, // an embedding
-		{`{"prompt_tokens":null,"completion_tokens":0}`, Usage{0, 0}, true},
-		{`{"prompt_tokens":100000000,"completion_tokens":1}`, Usage{100000000, 1}, true},
+		{`{"prompt_tokens":12,"completion_tokens":9}`, Usage{PromptTokens: 12, CompletionTokens: 9}, true},
+		{`{"prompt_tokens":12}`, Usage{PromptTokens: 12, CompletionTokens: 0}, true}, // an embedding
+		{`{"prompt_tokens":null,"completion_tokens":0}`, Usage{PromptTokens: 0, CompletionTokens: 0}, true},
+		{`{"prompt_tokens":100000000,"completion_tokens":1}`, Usage{PromptTokens: 100000000, CompletionTokens: 1}, true},
 		{`{"prompt_tokens":1,"prompt_tokens":-1}`, Usage{}, false}, // the last of repeats, as engines read
 		{`{"prompt_tokens":-5,"completion_tokens":9}`, Usage{}, false},
 		{`{"prompt_tokens":5,"completion_tokens":-1}`, Usage{}, false},
@@ -31,6 +31,11 @@ func TestReadUsage(t *testing.T) {
 		{`{"prompt_tokens":true}`, Usage{}, false},
 		{`{"prompt_tokens":[1]}`, Usage{}, false},
 		{`[1,2]`, Usage{}, false},
+		// Cached tokens: read when they can be true, else billed as input.
+		{`{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}`, Usage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4}, true},
+		{`{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":40}}`, Usage{PromptTokens: 10, CompletionTokens: 2}, true},
+		{`{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":-1}}`, Usage{PromptTokens: 10, CompletionTokens: 2}, true},
+		{`{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":null}`, Usage{PromptTokens: 10, CompletionTokens: 2}, true},
 		{`7`, Usage{}, false},
 	} {
 		got, ok := ReadUsage(gjson.Parse(c.usage), "prompt_tokens", "completion_tokens")

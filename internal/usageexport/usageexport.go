@@ -16,6 +16,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"moonji/internal/money"
 	"moonji/models"
 )
 
@@ -37,7 +38,7 @@ func ContentType(format string) string {
 // depend on them: add, never rename.
 var Fields = []string{"inference_id", "created_at", "user", "key_id", "source", "model", "backend",
 	"outcome", "status", "reason", "prompt_tokens", "completion_tokens", "usage_source", "queue_ms",
-	"ttft_ms", "duration_ms", "retried_from", "api"}
+	"ttft_ms", "duration_ms", "retried_from", "api", "cost", "currency", "cached_tokens"}
 
 // Row is one ledger row as exported. Pointers export as null (JSONL) or an
 // empty cell (CSV) when unknown.
@@ -63,14 +64,20 @@ type Row struct {
 	RetriedFrom string `json:"retried_from"`
 	// API is the endpoint: chat, completions, embeddings or responses.
 	API string `json:"api"`
+	// Cost is what the row cost, a decimal string in Currency's units
+	// (money.Format: exact, at least six decimals).
+	Cost         string `json:"cost"`
+	Currency     string `json:"currency"`
+	CachedTokens int    `json:"cached_tokens"`
 }
 
-// FromUsage is the exported form of a ledger row.
-func FromUsage(u *models.Usage) Row {
+// FromUsage is the exported form of a ledger row, its cost in currency.
+func FromUsage(u *models.Usage, currency string) Row {
 	return Row{InferenceID: u.InferenceID, CreatedAt: u.CreatedAt.UTC().Format(time.RFC3339Nano), User: u.User,
 		KeyID: u.KeyID, Source: u.Source, Model: u.Model, Backend: u.Backend, Outcome: u.Outcome, Status: u.Status,
 		Reason: u.Reason, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, UsageSource: u.UsageSource,
-		QueueMs: u.QueueMs, TTFTMs: u.TTFTMs, DurationMs: u.DurationMs, RetriedFrom: u.RetriedFrom, API: u.API}
+		QueueMs: u.QueueMs, TTFTMs: u.TTFTMs, DurationMs: u.DurationMs, RetriedFrom: u.RetriedFrom, API: u.API,
+		Cost: money.Format(u.Cost), Currency: currency, CachedTokens: u.CachedTokens}
 }
 
 // CSV is the row's cells, in the order of Fields.
@@ -89,7 +96,7 @@ func (r Row) CSV() []string {
 	return []string{t(r.InferenceID), t(r.CreatedAt), t(r.User), key, t(r.Source), t(r.Model), t(r.Backend), t(r.Outcome),
 		strconv.Itoa(r.Status), t(r.Reason), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CompletionTokens),
 		t(r.UsageSource), strconv.FormatInt(r.QueueMs, 10), opt(r.TTFTMs), strconv.FormatInt(r.DurationMs, 10),
-		t(r.RetriedFrom), t(r.API)}
+		t(r.RetriedFrom), t(r.API), r.Cost, t(r.Currency), strconv.Itoa(r.CachedTokens)}
 }
 
 // CSVText makes a text cell safe to open in a spreadsheet. Some of the
@@ -110,7 +117,7 @@ func CSVText(s string) string {
 // JSONL), oldest first, without holding them all in memory. flushed, when
 // not nil, is called after each batch of rows has been handed to w, so
 // that a caller serving a slow client can renew its write deadline.
-func Write(ctx context.Context, db *gorm.DB, w io.Writer, format string, since time.Time, userID uint, flushed func() error) error {
+func Write(ctx context.Context, db *gorm.DB, w io.Writer, format, currency string, since time.Time, userID uint, flushed func() error) error {
 	if format != CSV && format != JSONL {
 		return fmt.Errorf("usage export: unknown format %q", format)
 	}
@@ -121,14 +128,14 @@ func Write(ctx context.Context, db *gorm.DB, w io.Writer, format string, since t
 	)
 	if format == JSONL {
 		enc := json.NewEncoder(bw)
-		encode = func(u *models.Usage) error { return enc.Encode(FromUsage(u)) }
+		encode = func(u *models.Usage) error { return enc.Encode(FromUsage(u, currency)) }
 		flush = bw.Flush
 	} else {
 		cw := csv.NewWriter(bw)
 		if err := cw.Write(Fields); err != nil {
 			return err
 		}
-		encode = func(u *models.Usage) error { return cw.Write(FromUsage(u).CSV()) }
+		encode = func(u *models.Usage) error { return cw.Write(FromUsage(u, currency).CSV()) }
 		flush = func() error {
 			cw.Flush()
 			if err := cw.Error(); err != nil {

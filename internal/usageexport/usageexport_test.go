@@ -74,7 +74,8 @@ func TestWrite(t *testing.T) {
 		{InferenceID: "inf_a2", CreatedAt: now.Add(-time.Minute), UserID: &alice, User: "alice@example.com", KeyID: &key,
 			Model: "=cmd|' /C calc'!A0", Outcome: "rejected", Status: 404, Reason: "model_not_found", UsageSource: "none"},
 		{InferenceID: "inf_a1", CreatedAt: now.Add(-2 * time.Minute), UserID: &alice, User: "alice@example.com", KeyID: &key,
-			Model: "m1", Outcome: "success", Status: 200, PromptTokens: 5, CompletionTokens: 9, TTFTMs: &ttft, DurationMs: 80},
+			Model: "m1", Outcome: "success", Status: 200, PromptTokens: 5, CompletionTokens: 9, TTFTMs: &ttft, DurationMs: 80,
+			Cost: 123_000, CachedTokens: 2},
 		{InferenceID: "inf_old", CreatedAt: now.Add(-48 * time.Hour), UserID: &alice, Model: "m1", Outcome: "success"},
 	}
 	if err := db.Create(&rows).Error; err != nil {
@@ -84,7 +85,7 @@ func TestWrite(t *testing.T) {
 
 	var out bytes.Buffer
 	flushes := 0
-	if err := Write(context.Background(), db, &out, CSV, since, alice, func() error { flushes++; return nil }); err != nil {
+	if err := Write(context.Background(), db, &out, CSV, "USD", since, alice, func() error { flushes++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := csv.NewReader(&out).ReadAll()
@@ -97,12 +98,15 @@ func TestWrite(t *testing.T) {
 	if recs[1][0] != "inf_a1" || recs[2][0] != "inf_a2" || recs[1][14] != "42" || recs[2][5] != "'=cmd|' /C calc'!A0" || recs[2][8] != "404" {
 		t.Errorf("csv rows: %q", recs[1:])
 	}
+	if c := len(Fields); recs[1][c-3] != "0.000123" || recs[1][c-2] != "USD" || recs[1][c-1] != "2" || recs[2][c-3] != "0.000000" {
+		t.Errorf("cost, currency and cached tokens: %q", recs[1:])
+	}
 	if flushes != 1 {
 		t.Errorf("flushed called %d times, want once at the end", flushes)
 	}
 
 	out.Reset()
-	if err := Write(context.Background(), db, &out, JSONL, since, alice, nil); err != nil {
+	if err := Write(context.Background(), db, &out, JSONL, "USD", since, alice, nil); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -113,14 +117,15 @@ func TestWrite(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[1]), &rec); err != nil {
 		t.Fatal(err)
 	}
-	if len(rec) != len(Fields) || rec["inference_id"] != "inf_a2" || rec["model"] != "=cmd|' /C calc'!A0" || rec["ttft_ms"] != nil {
+	if len(rec) != len(Fields) || rec["inference_id"] != "inf_a2" || rec["model"] != "=cmd|' /C calc'!A0" || rec["ttft_ms"] != nil ||
+		rec["cost"] != "0.000000" || rec["currency"] != "USD" {
 		t.Errorf("jsonl record: %v", rec)
 	}
 	if strings.Contains(out.String(), "bob@") {
 		t.Errorf("another person's row in the export: %s", out.String())
 	}
 
-	if err := Write(context.Background(), db, &out, "xml", since, alice, nil); err == nil {
+	if err := Write(context.Background(), db, &out, "xml", "USD", since, alice, nil); err == nil {
 		t.Error("an unknown format was accepted")
 	}
 }
@@ -145,7 +150,7 @@ func TestWriteBatches(t *testing.T) {
 	}
 	var out bytes.Buffer
 	var seen []int
-	err = Write(context.Background(), db, &out, JSONL, now.Add(-time.Hour), user, func() error {
+	err = Write(context.Background(), db, &out, JSONL, "USD", now.Add(-time.Hour), user, func() error {
 		seen = append(seen, strings.Count(out.String(), "\n"))
 		return nil
 	})
@@ -157,7 +162,7 @@ func TestWriteBatches(t *testing.T) {
 	}
 	stop := errors.New("client gone")
 	out.Reset()
-	if err := Write(context.Background(), db, &out, CSV, now.Add(-time.Hour), user, func() error { return stop }); !errors.Is(err, stop) {
+	if err := Write(context.Background(), db, &out, CSV, "USD", now.Add(-time.Hour), user, func() error { return stop }); !errors.Is(err, stop) {
 		t.Errorf("a failed flush: %v", err)
 	}
 	if n := strings.Count(out.String(), "\n"); n != 501 {

@@ -1,0 +1,168 @@
+// Package spending decides what a request's sender may use and spend: the
+// budgets that apply to it (its key's, its person's, each of its person's
+// teams') and the models it may use (every list of its key and teams holds
+// at once). Policies are read from the database and kept 5 seconds per key
+// or person, as keys are (apikey.Store): a change made on this replica is
+// seen at once (Forget), one made on another replica within 5 s. What was
+// spent is never cached here; budget.Store keeps it in Redis.
+package spending
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"moonji/internal/budget"
+	"moonji/models"
+)
+
+// Policy is what one sender may use and spend.
+type Policy struct {
+	// Limits are the budgets the sender's requests are checked against.
+	Limits []budget.Limit
+	// models, when not nil, are the only models the sender may use.
+	models map[string]bool
+}
+
+// Allows reports whether the sender may use model.
+func (p Policy) Allows(model string) bool { return p.models == nil || p.models[model] }
+
+// Restricted reports whether some model list applies.
+func (p Policy) Restricted() bool { return p.models != nil }
+
+// ttl is how long a policy is kept.
+const ttl = 5 * time.Second
+
+type cacheKey struct{ user, key uint }
+
+type entry struct {
+	policy Policy
+	at     time.Time
+}
+
+// Resolver reads and caches policies.
+type Resolver struct {
+	db  *gorm.DB
+	now func() time.Time
+
+	mu    sync.Mutex
+	cache map[cacheKey]entry
+}
+
+// NewResolver returns a Resolver reading db.
+func NewResolver(db *gorm.DB) *Resolver {
+	return &Resolver{db: db, now: time.Now, cache: map[cacheKey]entry{}}
+}
+
+// maxCached bounds the cache; past it, expired entries are dropped, and
+// with none expired everything is (it refills in 5 s).
+const maxCached = 100_000
+
+// For returns the policy of person user sending with key (nil: their web
+// session).
+func (r *Resolver) For(ctx context.Context, user uint, key *uint) (Policy, error) {
+	k := cacheKey{user: user}
+	if key != nil {
+		k.key = *key
+	}
+	now := r.now()
+	r.mu.Lock()
+	e, ok := r.cache[k]
+	r.mu.Unlock()
+	if ok && now.Sub(e.at) < ttl {
+		return e.policy, nil
+	}
+	p, err := r.load(ctx, user, key)
+	if err != nil {
+		return Policy{}, err
+	}
+	r.mu.Lock()
+	if len(r.cache) >= maxCached {
+		for ck, ce := range r.cache {
+			if now.Sub(ce.at) >= ttl {
+				delete(r.cache, ck)
+			}
+		}
+		if len(r.cache) >= maxCached {
+			clear(r.cache)
+		}
+	}
+	r.cache[k] = entry{policy: p, at: now}
+	r.mu.Unlock()
+	return p, nil
+}
+
+// Forget drops every cached policy, after a budget, a model list or a team
+// changed on this replica.
+func (r *Resolver) Forget() {
+	r.mu.Lock()
+	clear(r.cache)
+	r.mu.Unlock()
+}
+
+func (r *Resolver) load(ctx context.Context, user uint, key *uint) (Policy, error) {
+	var p Policy
+	db := r.db.WithContext(ctx)
+	if key != nil {
+		var k models.APIKey
+		if err := db.Select("id", "name", "budget", "budget_period", "models").Where("id = ?", *key).Take(&k).Error; err != nil {
+			return Policy{}, fmt.Errorf("read key %d's budget: %w", *key, err)
+		}
+		if err := p.add(budget.ScopeKey, k.ID, k.Name, k.Budget, k.BudgetPeriod, k.Models); err != nil {
+			return Policy{}, err
+		}
+	}
+	if user == 0 {
+		return p, nil
+	}
+	var u models.User
+	if err := db.Select("id", "email", "budget", "budget_period").Where("id = ?", user).Take(&u).Error; err != nil {
+		return Policy{}, fmt.Errorf("read person %d's budget: %w", user, err)
+	}
+	if err := p.add(budget.ScopePerson, u.ID, u.Email, u.Budget, u.BudgetPeriod, ""); err != nil {
+		return Policy{}, err
+	}
+	teams, err := models.TeamsOf(ctx, r.db, user)
+	if err != nil {
+		return Policy{}, err
+	}
+	for _, t := range teams {
+		if err := p.add(budget.ScopeTeam, t.ID, t.Name, t.Budget, t.BudgetPeriod, t.Models); err != nil {
+			return Policy{}, err
+		}
+	}
+	return p, nil
+}
+
+// add takes one scope's budget and model list into the policy.
+func (p *Policy) add(scope budget.Scope, id uint, name string, amount *int64, period, list string) error {
+	if amount != nil {
+		per, err := budget.ParsePeriod(period)
+		if err != nil {
+			// A stored period is checked when it is set; one that is not
+			// known limits the most, never the least.
+			per = budget.PeriodTotal
+		}
+		p.Limits = append(p.Limits, budget.Limit{Scope: scope, ID: id, Name: name, Amount: *amount, Period: per})
+	}
+	if strings.TrimSpace(list) == "" {
+		return nil
+	}
+	names, err := models.ParseModelList(list)
+	if err != nil {
+		// A list that cannot be read allows nothing rather than everything.
+		names = nil
+	}
+	allowed := map[string]bool{}
+	for _, n := range names {
+		if p.models == nil || p.models[n] {
+			allowed[n] = true
+		}
+	}
+	p.models = allowed
+	return nil
+}
