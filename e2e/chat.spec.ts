@@ -1,6 +1,6 @@
 import { test, expect, type Page } from '@playwright/test';
 import { baseURL } from '../playwright.config';
-import { csrf, signIn, usageRow } from './helpers';
+import { csrf, moonji, signIn, usageRow } from './helpers';
 
 // The browser chat against the built-in demo engine: moonji-demo streams
 // fast, moonji-slow at 12 tokens/s one request at a time with no queue,
@@ -240,4 +240,40 @@ test('history: search titles and text, rename, export, delete with confirmation'
   await expect(page.getByRole('status')).toHaveText('Deleted.');
   await expect(page.locator(`#h-${b}`)).toHaveCount(0);
   expect((await page.request.get(`/api/v1/conversations/${b}`)).status()).toBe(404);
+});
+
+test('a priced answer shows its tokens and cost; a person over their budget sees why, and when it renews', async ({ page, browser }) => {
+  await send(page, 'What does this cost?', 'moonji-priced');
+  await expect(lastReply(page)).toHaveAttribute('data-status', 'done');
+  const note = lastReply(page).locator('.usage-note');
+  await expect(note).toContainText(/\d+ tokens in · \d+ out · [0-9.]+ USD/);
+  const paid = await lastReply(page).getAttribute('data-inference');
+  await expect.poll(() => usageRow(paid!)).toMatchObject({ outcome: 'success', currency: 'USD' });
+  expect(Number(usageRow(paid!)!.cost)).toBeGreaterThan(0);
+
+  // A person with a day budget of 0.01: a reply may cost more than that
+  // (4096 output tokens at 10 per million), so it is refused before the
+  // engine sees it.
+  moonji(['people', 'add', '--email', 'spender@localhost', '--dev-password-stdin'], 'spender-password\n');
+  moonji(['people', 'budget', 'spender@localhost', '0.01', 'day']);
+  const context = await browser.newContext();
+  const spender = await context.newPage();
+  await signIn(spender, '/', 'spender@localhost', 'spender-password');
+  await send(spender, 'Can I afford this?', 'moonji-priced');
+  const reply = lastReply(spender);
+  await expect(reply).toHaveAttribute('data-status', 'error');
+  await expect(reply.locator('.error')).toContainText(/budget/i);
+  await expect(reply.locator('.error')).toContainText(/person "spender@localhost"/);
+  await expect(reply.locator('.error')).toContainText(/renews \d{4}-\d{2}-\d{2}T00:00:00Z/);
+  const refused = await reply.getAttribute('data-inference');
+  await expect.poll(() => usageRow(refused!)).toMatchObject({ outcome: 'rejected', reason: 'budget_exceeded', status: 429, cost: '0.000000' });
+  for (const [name, width] of [['light', 1280], ['phone', 390]] as const) {
+    await spender.setViewportSize({ width, height: 800 });
+    await spender.screenshot({ path: `test-results/screenshots/chat-over-budget-${name}.png` });
+  }
+  await page.screenshot({ path: 'test-results/screenshots/chat-priced-answer-light.png' });
+  // A free model is not held back by a budget.
+  await send(spender, 'And this one?', 'moonji-demo');
+  await expect(lastReply(spender)).toHaveAttribute('data-status', 'done');
+  await context.close();
 });

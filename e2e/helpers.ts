@@ -18,15 +18,20 @@ export const adminPassword = 'e2e-admin-password';
 
 // signIn signs in through the embedded provider's form, from `start`
 // (which sends a signed-out visitor to the sign-in).
-export async function signIn(page: Page, start = '/') {
+export async function signIn(page: Page, start = '/', email = adminEmail, password = adminPassword) {
   await page.goto(start);
   const signInLink = page.getByRole('link', { name: 'Sign in' }).first();
   if (await signInLink.isVisible()) await signInLink.click();
   await expect(page).toHaveURL(/\/idp\/login\?/);
-  await page.getByLabel('Email').fill(adminEmail);
-  await page.getByLabel('Password').fill(adminPassword);
+  await page.getByLabel('Email').fill(email);
+  await page.getByLabel('Password').fill(password);
   await page.getByRole('button', { name: 'Sign in' }).click();
   await expect(page.getByRole('button', { name: 'Log out' })).toBeVisible();
+}
+
+// moonji runs the real CLI against the e2e server's database.
+export function moonji(args: string[], input?: string): string {
+  return execFileSync('bin/moonji', [...args, '--config', 'e2e/moonji.e2e.yaml'], { encoding: 'utf8', input });
 }
 
 // csrf is the page's CSRF token, as htmx sends it.
