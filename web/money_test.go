@@ -1,9 +1,12 @@
 package web_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"encoding/json"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -158,16 +161,34 @@ func TestKeyBudgetRefusesWhatDoesNotFit(t *testing.T) {
 // model_not_found for another, as for an unknown one, and /v1/models lists
 // only its own.
 func TestModelListHidesTheRest(t *testing.T) {
-	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db")
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", priced, func(c *config.Config) {
+		c.Backends[0].APIs = []string{"chat", "completions", "responses", "embeddings"}
+	})
 	key, _ := e.limitedKey("models@example.com", models.Limits{Models: "renamed"})
-	resp := e.postWith(context.Background(), key, `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`)
-	if resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("status %d", resp.StatusCode)
+	zero := int64(0)
+	broke, _ := e.limitedKey("broke@example.com", models.Limits{Budget: &zero, BudgetPeriod: models.BudgetTotal})
+	for path, body := range map[string]string{
+		"/v1/chat/completions": `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`,
+		"/v1/completions":      `{"model":"m1","prompt":"hi"}`,
+		"/v1/responses":        `{"model":"m1","input":"hi"}`,
+		"/v1/embeddings":       `{"model":"m1","input":"hi"}`,
+	} {
+		for _, c := range []struct {
+			key    string
+			status int
+			code   string
+		}{{key, http.StatusNotFound, "model_not_found"}, {broke, http.StatusTooManyRequests, "budget_exceeded"}} {
+			e.Key = c.key
+			resp := e.postPath(context.Background(), path, body)
+			if resp.StatusCode != c.status {
+				t.Fatalf("%s: status %d, want %d", path, resp.StatusCode, c.status)
+			}
+			if ae := decodeError(t, resp); ae.Error.Code != c.code || c.code == "model_not_found" && !strings.Contains(ae.Error.Message, "`m1` does not exist") {
+				t.Fatalf("%s: refusal %+v", path, ae)
+			}
+		}
 	}
-	if ae := decodeError(t, resp); ae.Error.Code != "model_not_found" || !strings.Contains(ae.Error.Message, "`m1` does not exist") {
-		t.Fatalf("refusal: %+v", ae)
-	}
-	resp = e.postWith(context.Background(), key, `{"model":"renamed","messages":[{"role":"user","content":"hi"}]}`)
+	resp := e.postWith(context.Background(), key, `{"model":"renamed","messages":[{"role":"user","content":"hi"}]}`)
 	readAll(t, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -185,5 +206,108 @@ func TestModelListHidesTheRest(t *testing.T) {
 		if !strings.Contains(got, want) || (path == "/v1/models" && strings.Contains(got, `"m1"`)) {
 			t.Errorf("%s: %s", path, got)
 		}
+	}
+}
+
+// tokenFrame is a stream frame that carries text: a chat chunk's content, a
+// completion's text, a Responses text delta.
+var tokenFrame = regexp.MustCompile(`"(content|text|delta)":"[^"]`)
+
+// TestCostOfEveryEnding: whatever way a request ends — an answer, an
+// engine's error before or during it, a client that left, a Stop, an engine
+// that hung up, a refusal — on every API, streamed or whole, with or
+// without the client's include_usage, its row costs exactly its tokens at
+// the model's price, and the same tokens cost the same on every route.
+func TestCostOfEveryEnding(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/c.db", priced, func(c *config.Config) {
+		c.Backends[0].APIs = []string{"chat", "completions", "responses", "embeddings"}
+	})
+	price := money.Price{Input: 1_000_000_000, Output: 2_000_000_000} // 1 and 2 per million (priced)
+	type ending struct {
+		name, mock string
+		stream     bool
+		act        func(resp *http.Response, id string)
+	}
+	readToEnd := func(resp *http.Response, _ string) { readAll(t, resp.Body) }
+	// readSome reads the first frames of a stream, past its first tokens.
+	readSome := func(resp *http.Response, _ string) {
+		sc := bufio.NewScanner(resp.Body)
+		for frames := 0; frames < 3 && sc.Scan(); {
+			if line := sc.Text(); strings.HasPrefix(line, "data:") && tokenFrame.MatchString(line) {
+				frames++
+			}
+		}
+	}
+	stop := func(resp *http.Response, id string) {
+		readSome(resp, id)
+		cancelVia(t, e, e.Key, id)
+		readAll(t, resp.Body)
+	}
+	endings := []ending{
+		{"answer", `{"tps":2000}`, false, readToEnd},
+		{"answer", `{"tps":2000}`, true, readToEnd},
+		{"engine error before", `{"fail_status":400}`, false, readToEnd},
+		{"engine error during", `{"tps":2000,"stream_error_after":3}`, true, readToEnd},
+		{"engine hung up", `{"tps":2000,"disconnect_after":4}`, true, readToEnd},
+		{"stopped", `{"tps":50}`, true, stop},
+		{"client left", `{"tps":50}`, true, nil},
+	}
+	paths := map[string]string{
+		"/v1/chat/completions": `{"model":"m1","messages":[{"role":"user","content":"how much is this"}],"max_tokens":12%s,"mock":%s}`,
+		"/v1/completions":      `{"model":"m1","prompt":"how much is this","max_tokens":12%s,"mock":%s}`,
+		"/v1/responses":        `{"model":"m1","input":"how much is this","max_output_tokens":12%s,"mock":%s}`,
+	}
+	answers := map[string]int64{} // route and tokens → cost
+	for path, tmpl := range paths {
+		for _, end := range endings {
+			for _, usage := range []string{"", `,"stream_options":{"include_usage":true}`} {
+				if path == "/v1/responses" && usage != "" || !end.stream && usage != "" {
+					continue // Responses streams always end with usage; a whole answer has no stream options
+				}
+				streamField := ""
+				if end.stream {
+					streamField = `,"stream":true` + usage
+				}
+				body := fmt.Sprintf(tmpl, streamField, end.mock)
+				ctx, cancel := context.WithCancel(context.Background())
+				resp := e.postPath(ctx, path, body)
+				id := resp.Header.Get("X-Inference-Id")
+				if end.act == nil {
+					readSome(resp, id)
+					cancel()
+				} else {
+					end.act(resp, id)
+				}
+				resp.Body.Close()
+				cancel()
+				row := e.final(id)
+				want := money.Cost(price, money.Tokens{Prompt: int64(row.PromptTokens), Cached: int64(row.CachedTokens),
+					Completion: int64(row.CompletionTokens)})
+				if row.Cost != want {
+					t.Errorf("%s %s stream=%t usage=%q: %s row with %d/%d tokens costs %d, want %d", path, end.name, end.stream,
+						usage, row.Outcome, row.PromptTokens, row.CompletionTokens, row.Cost, want)
+				}
+				if end.stream && row.CompletionTokens == 0 {
+					t.Errorf("%s %s: the stream made no tokens: %+v", path, end.name, row)
+				}
+				if end.name == "answer" {
+					k := fmt.Sprintf("%s %d %d", path, row.PromptTokens, row.CompletionTokens)
+					if c, ok := answers[k]; ok && c != row.Cost {
+						t.Errorf("%s: the same tokens cost %d and %d", k, c, row.Cost)
+					}
+					answers[k] = row.Cost
+					if row.Outcome != models.OutcomeSuccess || row.Cost == 0 {
+						t.Errorf("%s answer: %+v", path, row)
+					}
+				}
+			}
+		}
+	}
+	// A refusal costs nothing, whatever it asked for.
+	resp := e.post(`{"model":"m1","messages":[{"role":"user","content":"x"}],"max_tokens":100000`)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if row := e.final(resp.Header.Get("X-Inference-Id")); row.Outcome != models.OutcomeRejected || row.Cost != 0 {
+		t.Errorf("refused row: %+v", row)
 	}
 }
