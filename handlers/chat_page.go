@@ -7,6 +7,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"moonji/internal/chat"
+	"moonji/internal/gateway"
 	"moonji/models"
 	"moonji/views"
 )
@@ -98,7 +99,13 @@ func (h *Handler) chatPage(c *fiber.Ctx, sess *models.Session, title, current st
 	}
 	p := pageFor(title, sess)
 	p.Wide = true
-	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: h.Chat.Models()}, nil
+	// Only the models the person's teams allow: the others do not exist
+	// for them (a reply asked of one anyway is refused as unknown).
+	allowed, err := h.Gateway.ModelsFor(c.UserContext(), gateway.Principal{UserID: sess.UserID})
+	if err != nil {
+		return views.ChatPage{}, err
+	}
+	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed}, nil
 }
 
 // sidebar lists the person's latest conversations.

@@ -311,3 +311,29 @@ func TestCostOfEveryEnding(t *testing.T) {
 		t.Errorf("refused row: %+v", row)
 	}
 }
+
+// TestTeamModelListOnTheChatPage: a person whose team may use one model is
+// offered only that one in the chat's model list.
+func TestTeamModelListOnTheChatPage(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/t.db")
+	c := e.signedIn("member@example.com", false)
+	user, err := models.UserByEmail(context.Background(), e.DB, "member@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, page := e.fetch(c, http.MethodGet, "/", nil, nil); !strings.Contains(page, `<option value="m1"`) {
+		t.Fatalf("before the team, m1 is not offered: %s", page)
+	}
+	team, err := models.CreateTeam(context.Background(), e.DB, "renamers", models.Limits{Models: "renamed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := models.AddTeamMember(context.Background(), e.DB, team.ID, user.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.srv.Policies.Forget()
+	_, page := e.fetch(c, http.MethodGet, "/", nil, nil)
+	if strings.Contains(page, `<option value="m1"`) || !strings.Contains(page, `<option value="renamed"`) {
+		t.Fatalf("the team's list is not the page's: %s", page)
+	}
+}
