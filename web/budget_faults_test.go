@@ -67,7 +67,11 @@ func TestBudgetsFailClosedWhileRedisIsAway(t *testing.T) {
 		c.RedisURL, c.RedisPrefix = be.URL, be.Prefix
 	})
 	budget := int64(3_000_000)
-	limited, _ := e.limitedKey("limited@example.com", models.Limits{Budget: &budget, BudgetPeriod: models.BudgetMonth})
+	limited, limitedID := e.limitedKey("limited@example.com", models.Limits{Budget: &budget, BudgetPeriod: models.BudgetMonth})
+	owner, err := models.UserByEmail(context.Background(), e.DB, "limited@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
 	body := `{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
 	send := func(key string) (*http.Response, string) {
 		t.Helper()
@@ -107,6 +111,9 @@ func TestBudgetsFailClosedWhileRedisIsAway(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	spent := spentBefore
 	for {
+		if err := be.Admin.Ping(context.Background()).Err(); err == nil {
+			e.settled(owner.ID, &limitedID)
+		}
 		resp, out := send(limited)
 		if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond) // the client reconnects

@@ -158,6 +158,7 @@ func TestBudgetsHoldAcrossReplicas(t *testing.T) {
 					t.Fatal("never refused")
 				}
 				e := replicas[i%3]
+				a.settled(user.ID, &keyID)
 				resp := e.postWith(context.Background(), key, body)
 				id := resp.Header.Get("X-Inference-Id")
 				if resp.StatusCode == http.StatusOK {
@@ -185,7 +186,6 @@ func TestBudgetsHoldAcrossReplicas(t *testing.T) {
 			if rejected < refused.Load()+1 || rows < 301 {
 				t.Fatalf("rows %d (rejected %d) for %d requests refused in the burst", rows, rejected, refused.Load())
 			}
-			_ = keyID
 		})
 	}
 }

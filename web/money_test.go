@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"moonji/internal/apikey"
 	"moonji/internal/config"
@@ -47,6 +48,34 @@ func amount(t testing.TB, s string) *int64 {
 		t.Fatal(err)
 	}
 	return &n
+}
+
+// settled waits until no request of person user (sending with key, nil
+// for their chat) holds a reservation against their budgets: a request's
+// reservation is replaced by its cost just after it ends, off its path, so
+// a request sent at once could find the last one's still held.
+func (e *testEnv) settled(user uint, key *uint) {
+	e.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := e.srv.Policies.For(ctx, user, key)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		states, err := e.srv.Budgets.Status(ctx, p.Limits, time.Now())
+		held := err != nil
+		for _, s := range states {
+			held = held || s.Reserved != 0
+		}
+		if !held {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("reservations still held after 10 s: %+v, %v", states, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 type apiErrorBody struct {
@@ -107,6 +136,10 @@ func TestKeyBudgetRefusesWhatDoesNotFit(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, dbURL string) {
 		e := startEnv(t, dbURL, priced)
 		key, keyID := e.limitedKey("budget@example.com", models.Limits{Budget: amount(t, "0.002"), BudgetPeriod: models.BudgetDay})
+		owner, err := models.UserByEmail(context.Background(), e.DB, "budget@example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
 		body := `{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":20}`
 		reservation := int64(len(body)+256)*1000 + 20*2000
 		var spent int64
@@ -114,6 +147,7 @@ func TestKeyBudgetRefusesWhatDoesNotFit(t *testing.T) {
 			if i > 100 {
 				t.Fatal("never refused")
 			}
+			e.settled(owner.ID, &keyID)
 			before := len(e.Mock.Requests())
 			resp := e.postWith(context.Background(), key, body)
 			if resp.StatusCode == http.StatusOK {

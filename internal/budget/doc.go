@@ -22,9 +22,11 @@
 //
 // A day's or month's keys expire two days after its end, so that late
 // settles still land; a total budget's keys live a day from when they were
-// built and are then rebuilt from the database, and its reservation keys
-// are deleted once they hold nothing. Redis Cluster is not
-// supported: one script touches the keys of several budgets.
+// built and are then rebuilt from the database. Reservation keys stay
+// between requests with an expiry of their own, pushed when it runs low,
+// so that a request costs one PTTL of upkeep rather than three PEXPIREs.
+// Redis Cluster is not supported: one script touches the keys of several
+// budgets.
 //
 // # Why deadlines
 //

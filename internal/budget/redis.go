@@ -43,8 +43,7 @@ func (e *redisEngine) reserve(ctx context.Context, id string, ws []window, amoun
 	args := make([]any, 0, 4+2*len(ws))
 	args = append(args, id, amount, now.UnixMilli(), now.Add(ttl).UnixMilli())
 	for _, w := range ws {
-		// Reservation keys outlive their reservations; tidy deletes a
-		// total's once empty anyway.
+		// Reservation keys outlive their reservations.
 		keep := max(w.keep(now), 2*ttl)
 		args = append(args, w.limit.Amount, keep.Milliseconds())
 	}

@@ -126,9 +126,9 @@ func TestRedisKeys(t *testing.T) {
 		if n, err := be.Admin.Exists(ctx, dayKey+"spent").Result(); err != nil || n != 0 {
 			t.Errorf("EXISTS spent after a settle = %d, %v; want 0", n, err)
 		}
-		// The total's reservation keys go once empty.
-		if n, err := be.Admin.Exists(ctx, totalKey+"res", totalKey+"dl", totalKey+"rsum").Result(); err != nil || n != 0 {
-			t.Errorf("%d of the total's reservation keys are left, %v; want none", n, err)
+		// The total's reservation keys hold nothing once settled.
+		if n := be.Admin.HLen(ctx, totalKey+"res").Val(); n != 0 || be.Admin.Get(ctx, totalKey+"rsum").Val() != "0" {
+			t.Errorf("the total's reservations after a settle: %d held, rsum %q", n, be.Admin.Get(ctx, totalKey+"rsum").Val())
 		}
 		if got := be.Admin.Get(ctx, totalKey+"spent").Val(); got != "10" {
 			t.Errorf("the total's spent = %q, want 10", got)

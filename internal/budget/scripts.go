@@ -13,8 +13,7 @@ import "github.com/redis/go-redis/v9"
 // which are exact in 64 bits; only the comparison goes through Lua's
 // doubles, exact below 2⁵³ nano-units (some 9 million currency units).
 const luaPrelude = `
--- tidy deletes a window's reservation keys once it holds none, so that a
--- total budget's do not stay for ever, and an rsum that drifted is reset.
+-- tidy deletes a window's reservation keys once purging left none.
 local function tidy(res, dl, rsum)
   if redis.call('HLEN', res) == 0 then
     redis.call('DEL', res, dl, rsum)
@@ -42,12 +41,17 @@ local function purge(res, dl, rsum, now)
   if any then tidy(res, dl, rsum) end
 end
 
--- keep pushes a key's expiry to at least ms from now, never shortening it.
-local function keep(k, ms)
+-- keep makes a window's reservation keys live at least ms from now. They
+-- stay between requests (a settle does not delete them), so one PTTL a
+-- request tells that their expiry holds; it is pushed only once it has
+-- fallen below half of ms.
+local function keep(res, dl, rsum, ms)
   if ms <= 0 then return end
-  local p = redis.call('PTTL', k)
-  if p ~= -2 and p < ms then
-    redis.call('PEXPIRE', k, ms)
+  local p = redis.call('PTTL', rsum)
+  if p ~= -2 and p < ms / 2 or p == -1 then
+    redis.call('PEXPIRE', res, ms)
+    redis.call('PEXPIRE', dl, ms)
+    redis.call('PEXPIRE', rsum, ms)
   end
 end
 
@@ -97,10 +101,7 @@ for i = 1, n do
   redis.call('HSET', res, id, amount)
   redis.call('ZADD', dl, deadline, id)
   redis.call('INCRBY', rsum, amount)
-  local ms = tonumber(ARGV[4 + 2*i])
-  keep(res, ms)
-  keep(dl, ms)
-  keep(rsum, ms)
+  keep(res, dl, rsum, tonumber(ARGV[4 + 2*i]))
 end
 return {0}
 `)
@@ -118,7 +119,6 @@ for i = 1, #KEYS / 4 do
     redis.call('HDEL', res, id)
     redis.call('ZREM', dl, id)
     redis.call('DECRBY', rsum, a)
-    tidy(res, dl, rsum)
   end
   if cost ~= '0' and redis.call('EXISTS', spent) == 1 then
     redis.call('INCRBY', spent, cost)

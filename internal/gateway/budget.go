@@ -68,50 +68,94 @@ func (r *Route) reservation(req proxy.Request, bodyLen, choices int) int64 {
 	return money.Cost(r.Price, money.Tokens{Prompt: int64(bodyLen) + promptMargin, Completion: out})
 }
 
-// reserve holds a request's most expensive outcome against every budget
-// that applies to it. The answer, when not nil, refuses the request: a
-// budget it does not fit (429 insufficient_quota), or budgets that cannot
-// be checked now (503: while Redis is away a request under a budget is
-// refused, never let through unaccounted).
-func (g *Gateway) reserve(call Call, req proxy.Request, route *Route, limits []budget.Limit, hdr http.Header) (*budget.Reservation, *Response) {
+// reservation is a budget check under way: Reserve runs on a goroutine of
+// its own while the rest of admission goes on. A nil *reservation is a
+// request with nothing to reserve (no budget applies, or a free model).
+type reservation struct {
+	amount  int64
+	done    chan struct{}
+	held    *budget.Reservation
+	refusal *budget.Refusal
+	err     error
+}
+
+// beginReserve starts holding a request's most expensive outcome against
+// every budget that applies to it.
+func (g *Gateway) beginReserve(call Call, req proxy.Request, route *Route, limits []budget.Limit) *reservation {
 	if len(limits) == 0 || g.budgets == nil || route.Price.Free() {
-		return nil, nil
+		return nil
 	}
-	amount := route.reservation(req, len(call.Body), choicesOf(call.Body))
+	r := &reservation{amount: route.reservation(req, len(call.Body), choicesOf(call.Body)), done: make(chan struct{})}
 	ttl := reservationTTL
 	if route.Timeout > 0 {
 		ttl = route.Timeout + time.Minute
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	res, refusal, err := g.budgets.Reserve(ctx, call.ID, limits, amount, ttl, time.Now())
+	go func() {
+		defer close(r.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r.held, r.refusal, r.err = g.budgets.Reserve(ctx, call.ID, limits, r.amount, ttl, time.Now())
+	}()
+	return r
+}
+
+// giveBack returns what a request that never started holds, off its path.
+func (r *reservation) giveBack() {
+	if r == nil {
+		return
+	}
+	go func() {
+		<-r.done
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r.held.Settle(ctx, 0)
+	}()
+}
+
+// reserved waits for the check and returns its reservation, or the answer
+// that refuses the request: a budget it does not fit (429
+// insufficient_quota), or budgets that cannot be checked now (503: while
+// Redis is away a request under a budget is refused, never let through
+// unaccounted).
+func (g *Gateway) reserved(call Call, req proxy.Request, r *reservation, hdr http.Header) (*budget.Reservation, *Response) {
+	if r == nil {
+		return nil, nil
+	}
+	<-r.done
 	switch {
-	case err != nil:
-		g.log.Warn("budgets could not be checked; refusing the request", "err", err, "inference_id", call.ID,
-			"unavailable", errors.Is(err, budget.ErrUnavailable))
+	case r.err != nil:
+		g.log.Warn("budgets could not be checked; refusing the request", "err", r.err, "inference_id", call.ID,
+			"unavailable", errors.Is(r.err, budget.ErrUnavailable))
 		hdr.Set("Retry-After", "1")
 		return nil, g.reject(call, req.Model, http.StatusServiceUnavailable, "budget_unavailable", apiError{
 			message: "Budgets cannot be checked right now; try again shortly.", typ: "server_error",
 			code: "budget_unavailable"}, hdr)
-	case refusal != nil:
-		if !refusal.Renews.IsZero() {
-			secs := int(time.Until(refusal.Renews).Seconds()) + 1
+	case r.refusal != nil:
+		if renews := r.refusal.Renews; !renews.IsZero() {
+			secs := int(time.Until(renews).Seconds()) + 1
 			hdr.Set("Retry-After", strconv.Itoa(max(secs, 1)))
 		}
 		return nil, g.reject(call, req.Model, http.StatusTooManyRequests, "budget_exceeded", apiError{
-			message: fmt.Sprintf("Budget exceeded: %s. This request may cost up to %s %s.", refusal.Message(),
-				money.FormatShort(amount), g.currency),
+			message: fmt.Sprintf("Budget exceeded: %s. This request may cost up to %s %s.", r.refusal.Message(),
+				money.FormatShort(r.amount), g.currency),
 			typ: "insufficient_quota", code: "budget_exceeded"}, hdr)
 	}
-	return res, nil
+	return r.held, nil
 }
 
-// settle replaces the request's reservation with its cost, once.
+// settle replaces the request's reservation with its cost, once, off the
+// request's path: its answer does not wait for the round trip. Until it
+// lands the reservation holds the budget (never less than the cost); a
+// settle lost with the process lapses at the reservation's deadline.
 func (x *exchange) settle() {
-	if x.budget == nil {
+	held, cost := x.budget, x.row.Cost
+	if held == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	x.budget.Settle(ctx, x.row.Cost)
+	x.budget = nil
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		held.Settle(ctx, cost)
+	}()
 }

@@ -59,6 +59,17 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	}
 
 	hdr := http.Header{}
+	// The budgets' check runs beside the rate limit's: each is one Redis
+	// round trip, and neither needs the other's answer. Whatever ends the
+	// request before its exchange takes the reservation over (a refusal, a
+	// bad body, a panic) gives it back.
+	check := g.beginReserve(call, req, route, policy.Limits)
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			check.giveBack()
+		}
+	}()
 	var tokens *ratelimit.Reservation
 	if g.limiter != nil {
 		if resp := g.admitRate(call, req, hdr, &tokens); resp != nil {
@@ -85,14 +96,14 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	if err != nil {
 		return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", badRequest(err), hdr)
 	}
-	// Last before the exchange, which settles it on every path.
-	held, refused := g.reserve(call, req, route, policy.Limits, hdr)
+	held, refused := g.reserved(call, req, check, hdr)
 	if refused != nil {
 		if tokens != nil {
 			tokens.Reconcile(context.Background(), 0)
 		}
 		return refused
 	}
+	handedOver = true // the exchange settles it on every path
 
 	x = &exchange{g: g, call: call, req: req, up: upReq.API, translate: translate, route: route, hdr: hdr, tokens: tokens,
 		budget: held, row: g.row(call, req.Model, route.Pool.Name()), stopRun: call.Stop}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"gorm.io/gorm"
 
 	"moonji/internal/budget"
@@ -48,6 +49,10 @@ type entry struct {
 type Resolver struct {
 	db  *gorm.DB
 	now func() time.Time
+	// loads makes the requests that miss the cache for one sender at the
+	// same time share one read (a burst of a cold key's requests is one
+	// read, not hundreds at once).
+	loads singleflight.Group
 
 	mu    sync.Mutex
 	cache map[cacheKey]entry
@@ -76,10 +81,16 @@ func (r *Resolver) For(ctx context.Context, user uint, key *uint) (Policy, error
 	if ok && now.Sub(e.at) < ttl {
 		return e.policy, nil
 	}
-	p, err := r.load(ctx, user, key)
+	v, err, _ := r.loads.Do(fmt.Sprintf("%d/%d", k.user, k.key), func() (any, error) {
+		// Not the first caller's context: its end must not fail the others.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return r.load(ctx, user, key)
+	})
 	if err != nil {
 		return Policy{}, err
 	}
+	p := v.(Policy)
 	r.mu.Lock()
 	if len(r.cache) >= maxCached {
 		for ck, ce := range r.cache {
