@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"gorm.io/gorm"
+
 	"moonji/internal/devidp"
 	"moonji/models"
 )
@@ -134,10 +136,7 @@ func peopleSwitch(ctx context.Context, verb string, args []string, stdout io.Wri
 		return err
 	}
 	defer models.Close(db)
-	user, err := models.UserByEmail(ctx, db, pos[0])
-	if errors.Is(err, models.ErrNotFound) {
-		return fmt.Errorf("nobody with the email %q", pos[0])
-	}
+	user, err := personByEmail(ctx, db, pos[0])
 	if err != nil {
 		return err
 	}
@@ -188,10 +187,7 @@ func peopleBudget(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer models.Close(db)
-	user, err := models.UserByEmail(ctx, db, pos[0])
-	if errors.Is(err, models.ErrNotFound) {
-		return fmt.Errorf("nobody with the email %q", pos[0])
-	}
+	user, err := personByEmail(ctx, db, pos[0])
 	if err != nil {
 		return err
 	}
@@ -204,4 +200,13 @@ func peopleBudget(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	_, err = fmt.Fprintf(stdout, "%s: budget %s per %s\n", user.Email, fmtBudget(budget), period)
 	return err
+}
+
+// personByEmail finds a person, or says that nobody has the email.
+func personByEmail(ctx context.Context, db *gorm.DB, email string) (*models.User, error) {
+	user, err := models.UserByEmail(ctx, db, email)
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, fmt.Errorf("nobody with the email %q", email)
+	}
+	return user, err
 }

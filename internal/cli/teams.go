@@ -106,10 +106,7 @@ func teamsMember(ctx context.Context, verb string, args []string, stdout io.Writ
 		_, err = fmt.Fprintf(stdout, "added %s to team %s\n", user.Email, team.Name)
 		return err
 	}
-	user, err := models.UserByEmail(ctx, db, pos[1])
-	if errors.Is(err, models.ErrNotFound) {
-		return fmt.Errorf("nobody with the email %q", pos[1])
-	}
+	user, err := personByEmail(ctx, db, pos[1])
 	if err != nil {
 		return err
 	}
