@@ -287,7 +287,7 @@ test('someone who is not an admin gets 403 on /admin and sees only their own usa
   addPerson(email);
   await signInAs(page, email);
   await expect(page.getByRole('banner').getByRole('link', { name: 'Admin' })).toHaveCount(0);
-  for (const path of ['/admin', '/admin/backends', '/admin?range=30d']) {
+  for (const path of ['/admin', '/admin/backends', '/admin?range=30d', '/admin/teams']) {
     const resp = await page.goto(path);
     expect(resp?.status(), path).toBe(403);
   }
@@ -305,12 +305,14 @@ const modes = [
   { name: 'phone', colorScheme: 'light' as const, width: 390, height: 844 },
 ];
 
-async function look(page: Page, name: string, url: string) {
+// look screenshots url in each mode, scans it with axe and checks that a
+// phone never scrolls sideways; charts: the page draws charts, waited for.
+async function look(page: Page, name: string, url: string, charts = true) {
   for (const mode of modes) {
     await page.setViewportSize({ width: mode.width, height: mode.height });
     await page.emulateMedia({ colorScheme: mode.colorScheme });
     await page.goto(url);
-    await expect.poll(() => drawn(page)).toBe(true);
+    if (charts) await expect.poll(() => drawn(page)).toBe(true);
     await page.screenshot({ path: `test-results/screenshots/${name}-${mode.name}.png`, fullPage: true });
 
     const results = await new AxeBuilder({ page }).analyze();
@@ -342,4 +344,130 @@ test('/admin and /usage: screenshots, accessibility, phone width', async ({ page
   const results = await new AxeBuilder({ page }).analyze();
   expect(results.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical').map((v) => v.id)).toEqual([]);
   await page.screenshot({ path: 'test-results/screenshots/usage-tables-light.png', fullPage: true });
+});
+
+// execCLI runs bin/moonji against the e2e server's database.
+const execCLI = (command: string, verb: string, ...args: string[]) =>
+  execFileSync('bin/moonji', [command, verb, '--config', 'e2e/moonji.e2e.yaml', ...args],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+
+test('teams, budgets and model lists on the admin pages; /usage lists the budgets that apply and what they spent', async ({ page }) => {
+  test.setTimeout(180_000);
+  const team = `e2e-team-${Date.now()}`;
+  await signIn(page, '/admin');
+  await page.getByRole('navigation', { name: 'Admin' }).getByRole('link', { name: 'Teams' }).click();
+  await expect(page).toHaveURL(/\/admin\/teams$/);
+  await expect(page.getByRole('heading', { name: 'Teams', exact: true })).toBeVisible();
+
+  // A refused form says why, keeps what was typed, and creates nothing.
+  await page.getByLabel('Name', { exact: true }).fill(team);
+  await page.getByLabel('Budget (USD) of the new team').fill('-1');
+  await page.getByRole('button', { name: 'Create team' }).click();
+  await expect(page.getByRole('alert')).toContainText('not negative');
+  await expect(page.getByLabel('Name', { exact: true })).toHaveValue(team);
+  await expect(page.locator(`#teams tr[data-team="${team}"]`)).toHaveCount(0);
+
+  await page.getByLabel('Budget (USD) of the new team').fill('25');
+  await page.getByLabel('Period of the budget of the new team').selectOption('month');
+  await page.getByLabel('Models of the new team').fill('moonji-demo, moonji-priced');
+  await page.getByRole('button', { name: 'Create team' }).click();
+  await expect(page).toHaveURL(/\/admin\/teams\/\d+\?done=created$/);
+  await expect(page.getByRole('status')).toContainText('Team created');
+  const teamURL = new URL(page.url()).pathname;
+
+  await page.getByLabel('Email').fill(adminEmail);
+  await page.getByRole('button', { name: 'Add member' }).click();
+  await expect(page.getByRole('status')).toContainText('Member added');
+  await expect(page.locator(`#members tr[data-member="${adminEmail}"]`)).toBeVisible();
+  try {
+    // The team's list holds at once for its member: a priced model it
+    // names answers, one it does not is unknown to them.
+    const name = `e2e-budget-${Date.now()}`;
+    const key = createKey(adminEmail, name);
+    expect((await chat(key, ask('moonji-priced', 8))).status).toBe(200);
+    expect((await chat(key, ask('moonji-slow'))).status).toBe(404);
+
+    // /usage: the key's cost, and the team's budget with what it spent.
+    const prefix = key.slice(0, 11);
+    const keyCost = page.locator('#key-totals tbody tr', { hasText: `${prefix}…` }).locator('td[data-field="cost"]');
+    await expect.poll(async () => { await page.goto('/usage'); return value(keyCost); }, { timeout: 10_000 }).toBeGreaterThan(0);
+    const teamBudget = page.locator(`#budgets tr[data-scope="team"][data-name="${team}"]`);
+    await expect(teamBudget.locator('td[data-field="amount"]')).toHaveAttribute('data-value', '25000000000');
+    expect(await value(teamBudget.locator('td[data-field="spent"]'))).toBeGreaterThanOrEqual(await value(keyCost));
+    await expect(teamBudget).toContainText('per month');
+
+    // Its owner gives the key a budget on /keys.
+    await page.goto('/keys');
+    const row = page.locator('tr', { hasText: `${prefix}…` });
+    await row.locator('summary', { hasText: 'Change budget' }).click();
+    await row.getByLabel(`Budget (USD) of key ${name}`).fill('1');
+    await row.getByRole('button', { name: 'Save' }).click();
+    await expect(page.getByRole('status')).toContainText('Budget saved');
+    await expect(row).toContainText('1.00 USD per month');
+    await page.goto('/usage');
+    await expect(page.locator(`#budgets tr[data-scope="key"][data-name="${name}"] td[data-field="amount"]`)).toHaveAttribute('data-value', '1000000000');
+
+    await look(page, 'teams', '/admin/teams', false);
+    await look(page, 'team', teamURL, false);
+    await look(page, 'usage-budgets', '/usage');
+    // The dashboard with a team that spent: people, keys, teams and models
+    // each with their cost.
+    await page.goto('/admin');
+    expect(await value(page.locator(`#top-teams tr[data-team="${team}"] td[data-field="cost"]`))).toBeGreaterThan(0);
+    await look(page, 'admin-costs', '/admin');
+    // A budget form opened in a table cell, on a phone: the table scrolls
+    // inside its box, never the page.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto('/admin/people');
+    await page.locator('details.cell-form summary').first().click();
+    const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+    expect(sideways, 'an open budget form scrolls the people page sideways').toBeLessThanOrEqual(0);
+    await page.screenshot({ path: 'test-results/screenshots/admin-people-budget-form-phone.png', fullPage: true });
+    await page.setViewportSize({ width: 1280, height: 800 });
+
+    // Deleted after a confirmation: its budget and list no longer apply.
+    await page.goto(teamURL);
+    let asked = '';
+    page.once('dialog', (dialog) => { asked = dialog.message(); dialog.accept(); });
+    await page.getByRole('button', { name: `Delete team ${team}` }).click();
+    await expect(page).toHaveURL(/\/admin\/teams\?done=deleted$/);
+    expect(asked).toContain(team);
+    await expect(page.locator(`#teams tr[data-team="${team}"]`)).toHaveCount(0);
+    expect((await chat(key, ask('moonji-slow'))).status).toBe(200);
+  } finally {
+    // The admin signs in for the other specs: never leave them in a team
+    // whose list hides models.
+    try { execCLI('teams', 'remove', team, adminEmail); } catch { /* deleted, or never added */ }
+  }
+});
+
+test('someone who is not an admin may give their key a budget and lower it, not raise it', async ({ browser }) => {
+  const email = 'budget-person@localhost';
+  try { addPerson(email); } catch { /* added by an earlier run of this server */ }
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await signInAs(page, email);
+  await page.goto('/keys');
+  const name = `e2e-own-budget-${Date.now()}`;
+  await page.getByLabel('Name').fill(name);
+  await page.getByRole('button', { name: 'Create key' }).click();
+  await expect(page.locator('#new-key-secret')).toBeVisible();
+  const row = page.locator('tr', { hasText: name });
+  const setBudget = async (amount: string) => {
+    await row.locator('summary', { hasText: 'Change budget' }).click();
+    await row.getByLabel(`Budget (USD) of key ${name}`).fill(amount);
+    await row.getByRole('button', { name: 'Save' }).click();
+  };
+  await setBudget('2');
+  await expect(page.getByRole('status')).toContainText('Budget saved');
+  await setBudget('3');
+  await expect(page.getByRole('alert')).toContainText('not raise it');
+  await expect(row).toContainText('2.00 USD per month');
+  await setBudget('');
+  await expect(page.getByRole('alert')).toContainText('Only an admin can remove');
+  await setBudget('0.5');
+  await expect(page.getByRole('status')).toContainText('Budget saved');
+  await expect(row).toContainText('0.5 USD per month');
+  await page.screenshot({ path: 'test-results/screenshots/keys-own-budget-light.png', fullPage: true });
+  await context.close();
 });

@@ -17,8 +17,9 @@ const (
 	dashboardRecent = 20 // recent rejections, recent errors
 )
 
-// AdminDashboard serves GET /admin: usage over time, latencies, top users
-// and keys, recent rejections and errors, and the live backends. Each part
+// AdminDashboard serves GET /admin: usage and cost over time, latencies,
+// top users, keys and teams (with what each cost), recent rejections and
+// errors, and the live backends. Each part
 // is one query, whatever the number of rows.
 func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 	sess, err := h.session(c)
@@ -35,6 +36,7 @@ func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 		return fmt.Errorf("dashboard usage: %w", err)
 	}
 	d.Usage = usageView(points, w, rng, "/admin")
+	d.Usage.Currency = h.Currency
 
 	lat, err := models.Latencies(ctx, h.DB, w)
 	if err != nil {
@@ -49,7 +51,14 @@ func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 		return fmt.Errorf("dashboard top users: %w", err)
 	}
 	for _, u := range users {
-		d.TopUsers = append(d.TopUsers, views.UserTotal{Email: u.Email, Requests: u.Requests, Tokens: u.Tokens})
+		d.TopUsers = append(d.TopUsers, views.UserTotal{Email: u.Email, Requests: u.Requests, Tokens: u.Tokens, Cost: u.Cost})
+	}
+	teams, err := models.TopTeams(ctx, h.DB, w, dashboardTop)
+	if err != nil {
+		return fmt.Errorf("dashboard top teams: %w", err)
+	}
+	for _, t := range teams {
+		d.TopTeams = append(d.TopTeams, views.TeamTotal{ID: t.TeamID, Name: t.Name, Requests: t.Requests, Tokens: t.Tokens, Cost: t.Cost})
 	}
 	keys, err := models.TopKeys(ctx, h.DB, w, 0, dashboardTop)
 	if err != nil {

@@ -21,23 +21,37 @@ func (h *Handler) AdminKeys(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	d := views.KeysPage{Page: pageFor("All API keys", sess), All: true, Limit: adminKeysLimit}
 	filter, ok := readFilter(c.Query("owner"))
 	if !ok {
-		d.Error = filterTooLong
+		d := views.KeysPage{Page: pageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Error: filterTooLong}
 		return render(c, http.StatusBadRequest, views.AdminKeys(d))
 	}
-	d.Filter = filter
-	keys, more, err := models.ListAllAPIKeys(c.UserContext(), h.DB, filter, adminKeysLimit)
+	d, err := h.adminKeysPage(c, sess, filter)
 	if err != nil {
 		return err
+	}
+	switch c.Query("done") {
+	case "budget":
+		d.Notice = "Budget saved: it applies from the key’s next request."
+	case "models":
+		d.Notice = "Models saved: they apply from the key’s next request."
+	}
+	return render(c, http.StatusOK, views.AdminKeys(d))
+}
+
+// adminKeysPage is everyone's keys whose owner's email contains filter.
+func (h *Handler) adminKeysPage(c *fiber.Ctx, sess *models.Session, filter string) (views.KeysPage, error) {
+	d := views.KeysPage{Page: pageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Filter: filter}
+	keys, more, err := models.ListAllAPIKeys(c.UserContext(), h.DB, filter, adminKeysLimit)
+	if err != nil {
+		return d, err
 	}
 	d.More = more
 	now := time.Now()
 	for i := range keys {
-		d.Keys = append(d.Keys, viewKey(&keys[i], now))
+		d.Keys = append(d.Keys, h.viewKey(&keys[i], now))
 	}
-	return render(c, http.StatusOK, views.AdminKeys(d))
+	return d, nil
 }
 
 // AdminRevokeKey serves POST /admin/keys/:id/revoke: an admin revokes anyone's

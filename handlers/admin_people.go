@@ -48,28 +48,38 @@ func (h *Handler) AdminPeople(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	d := views.PeoplePage{Page: pageFor("People", sess), Limit: peopleLimit}
+	filter, ok := readFilter(c.Query("email"))
+	if !ok {
+		d := views.PeoplePage{Page: pageFor("People", sess), Limit: peopleLimit, Error: filterTooLong}
+		return render(c, http.StatusBadRequest, views.People(d))
+	}
+	d, err := h.peoplePage(c, sess, filter)
+	if err != nil {
+		return err
+	}
 	switch c.Query("done") {
 	case "disabled":
 		d.Notice = "Disabled: their sessions have ended and their keys no longer work."
 	case "enabled":
 		d.Notice = "Enabled: they can sign in again and their keys work."
+	case "budget":
+		d.Notice = "Budget saved: it applies from their next request."
 	}
-	filter, ok := readFilter(c.Query("email"))
-	if !ok {
-		d.Error = filterTooLong
-		return render(c, http.StatusBadRequest, views.People(d))
-	}
-	d.Filter = filter
+	return render(c, http.StatusOK, views.People(d))
+}
+
+// peoplePage is the list of people whose email contains filter.
+func (h *Handler) peoplePage(c *fiber.Ctx, sess *models.Session, filter string) (views.PeoplePage, error) {
+	d := views.PeoplePage{Page: pageFor("People", sess), Limit: peopleLimit, Filter: filter}
 	people, more, err := models.ListPeople(c.UserContext(), h.DB, filter, peopleLimit, time.Now())
 	if err != nil {
-		return err
+		return d, err
 	}
 	d.More = more
 	for i := range people {
-		d.People = append(d.People, viewPerson(&people[i], sess.UserID))
+		d.People = append(d.People, h.viewPerson(&people[i], sess.UserID))
 	}
-	return render(c, http.StatusOK, views.People(d))
+	return d, nil
 }
 
 // AdminDisablePerson serves POST /admin/people/:id/disable. The person's
@@ -149,10 +159,11 @@ func (h *Handler) afterPersonChange(c *fiber.Ctx, sess *models.Session, id uint,
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.PersonRow(sess.CSRFToken, filter, viewPerson(p, sess.UserID)))
+	return render(c, http.StatusOK, views.PersonRow(sess.CSRFToken, filter, h.viewPerson(p, sess.UserID)))
 }
 
-func viewPerson(p *models.Person, self uint) views.Person {
+func (h *Handler) viewPerson(p *models.Person, self uint) views.Person {
 	return views.Person{ID: p.ID, Email: p.Email, Name: p.Name, Admin: p.Admin, Created: p.CreatedAt,
-		LastLogin: p.LastLoginAt, DisabledAt: p.DisabledAt, ActiveKeys: p.ActiveKeys, Self: p.ID == self}
+		LastLogin: p.LastLoginAt, DisabledAt: p.DisabledAt, ActiveKeys: p.ActiveKeys, Self: p.ID == self,
+		Budget: p.Budget, BudgetPeriod: p.BudgetPeriod, Currency: h.Currency}
 }

@@ -35,7 +35,7 @@ func dashboardWindow(param, def string, now time.Time) (string, models.Window) {
 }
 
 // usageView arranges the usage points of window w as the charts and tables
-// show them: every bucket (empty ones too), every outcome, the models with
+// show them (and their cost, per bucket and model): every bucket (empty ones too), every outcome, the models with
 // the most use and one "other models" for the rest. path is the page the
 // range links go to.
 func usageView(points []models.UsagePoint, w models.Window, rng, path string) views.UsageView {
@@ -86,6 +86,7 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 		t.AllRequests += p.Requests
 		t.PromptTokens += p.PromptTokens
 		t.CompletionTokens += p.CompletionTokens
+		t.Cost += p.Cost
 	}
 	ranked := make([]*views.ModelTotal, 0, len(totals))
 	for _, t := range totals {
@@ -116,6 +117,7 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 		other.AllRequests += t.AllRequests
 		other.PromptTokens += t.PromptTokens
 		other.CompletionTokens += t.CompletionTokens
+		other.Cost += t.Cost
 	}
 	if other != nil {
 		u.ByModel = append(u.ByModel, *other)
@@ -129,6 +131,7 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 		u.Total.AllRequests += t.AllRequests
 		u.Total.PromptTokens += t.PromptTokens
 		u.Total.CompletionTokens += t.CompletionTokens
+		u.Total.Cost += t.Cost
 	}
 
 	// Every bucket's requests and tokens, split by outcome and by model:
@@ -143,6 +146,7 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 	}
 	u.Requests, u.TokensByOutcome = grid(len(models.Outcomes)), grid(len(models.Outcomes))
 	u.RequestsByModel, u.Tokens = grid(len(u.Models)), grid(len(u.Models))
+	u.Cost = make([]int64, len(starts))
 	for _, p := range points {
 		j, ok := outcome[p.Outcome]
 		i, in := bucket(p.Start)
@@ -158,6 +162,7 @@ func usageView(points []models.UsagePoint, w models.Window, rng, path string) vi
 		u.RequestsByModel[i][k] += p.Requests
 		u.Tokens[i][k] += tokens
 		u.TokensByOutcome[i][j] += tokens
+		u.Cost[i] += p.Cost
 	}
 	return u
 }
@@ -167,7 +172,7 @@ func viewKeyTotals(keys []models.KeyTotal) []views.KeyTotal {
 	out := make([]views.KeyTotal, len(keys))
 	for i, k := range keys {
 		out[i] = views.KeyTotal{ID: k.KeyID, Name: k.Name, Prefix: k.Prefix, Owner: k.Owner, Requests: k.Requests,
-			PromptTokens: k.PromptTokens, CompletionTokens: k.CompletionTokens}
+			PromptTokens: k.PromptTokens, CompletionTokens: k.CompletionTokens, Cost: k.Cost}
 	}
 	return out
 }

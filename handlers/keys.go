@@ -25,6 +25,9 @@ func (h *Handler) Keys(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if c.Query("done") == "budget" {
+		d.Notice = "Budget saved: it applies from the key’s next request."
+	}
 	return render(c, http.StatusOK, views.Keys(d))
 }
 
@@ -146,14 +149,17 @@ func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back st
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.KeyRow(all, sess.CSRFToken, filter, viewKey(k, time.Now())))
+	return render(c, http.StatusOK, views.KeyRow(all, sess.CSRFToken, filter, h.viewKey(k, time.Now())))
 }
 
 // pathID reads the :id of a row's path: digits only, 1 to MaxInt64 (a
 // database integer; a larger one is refused by PostgreSQL's driver), else
 // ok is false and the answer is 404.
-func pathID(c *fiber.Ctx) (id uint, ok bool) {
-	s := c.Params("id")
+func pathID(c *fiber.Ctx) (id uint, ok bool) { return paramID(c, "id") }
+
+// paramID reads path parameter name as pathID reads :id.
+func paramID(c *fiber.Ctx, name string) (id uint, ok bool) {
+	s := c.Params(name)
 	if s == "" || len(s) > 19 || strings.Trim(s, "0123456789") != "" {
 		return 0, false
 	}
@@ -173,15 +179,16 @@ func (h *Handler) keysPage(c *fiber.Ctx, sess *models.Session) (views.KeysPage, 
 	d := views.KeysPage{Page: pageFor("API keys", sess)}
 	now := time.Now()
 	for i := range keys {
-		d.Keys = append(d.Keys, viewKey(&keys[i], now))
+		d.Keys = append(d.Keys, h.viewKey(&keys[i], now))
 	}
 	return d, nil
 }
 
-func viewKey(k *models.APIKey, now time.Time) views.Key {
+func (h *Handler) viewKey(k *models.APIKey, now time.Time) views.Key {
 	return views.Key{ID: k.ID, Name: k.Name, Prefix: k.Prefix, Owner: k.User.Email, RPM: k.RPM,
 		Status: k.Status(now), Created: k.CreatedAt, LastUsed: k.LastUsedAt, Expires: k.ExpiresAt,
-		OwnerDisabled: k.User.Disabled()}
+		OwnerDisabled: k.User.Disabled(), Budget: k.Budget, BudgetPeriod: k.BudgetPeriod, Models: k.Models,
+		Currency: h.Currency}
 }
 
 // readKeyForm reads and checks the create form, with maxRPM the highest

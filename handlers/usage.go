@@ -31,8 +31,9 @@ var exportChoices = []struct{ value, label string }{
 	{"90d", "the last 90 days"}, {"366d", "the last year"},
 }
 
-// Usage serves GET /usage: the signed-in person's own requests and tokens,
-// by day (or hour) and model, and by key. Every query is bound to the
+// Usage serves GET /usage: the signed-in person's own requests, tokens and
+// cost, by day (or hour) and model, and by key and the web chat; and the
+// budgets their spending counts against. Every query is bound to the
 // session's user id: nobody sees another person's use here.
 func (h *Handler) Usage(c *fiber.Ctx) error {
 	sess, err := h.session(c)
@@ -53,11 +54,23 @@ func (h *Handler) Usage(c *fiber.Ctx) error {
 	if err != nil {
 		return fmt.Errorf("usage page keys: %w", err)
 	}
+	chat, err := models.ChatTotal(ctx, h.DB, w, sess.UserID)
+	if err != nil {
+		return fmt.Errorf("usage page chat: %w", err)
+	}
 	d := views.UsagePage{Page: pageFor("Usage", sess), Usage: usageView(points, w, rng, "/usage")}
+	d.Usage.Currency = h.Currency
 	if len(keys) > usageKeysLimit {
 		keys, d.KeysCapped = keys[:usageKeysLimit], true
 	}
+	if chat.Requests > 0 {
+		// The chat last: it is no key, whatever it used.
+		keys = append(keys, chat)
+	}
 	d.Keys = viewKeyTotals(keys)
+	if d.Budgets, d.BudgetsUnknown, err = h.personBudgets(ctx, sess.UserID, time.Now()); err != nil {
+		return fmt.Errorf("usage page budgets: %w", err)
+	}
 	for _, ch := range exportChoices {
 		d.ExportSince = append(d.ExportSince, views.ExportChoice{Value: ch.value, Label: ch.label, Selected: ch.value == exportDefaultSince})
 	}

@@ -46,7 +46,8 @@ func (w Window) Buckets() []time.Time {
 	return out
 }
 
-// UsagePoint is the requests and tokens of one bucket, model and outcome.
+// UsagePoint is the requests, tokens and cost of one bucket, model and
+// outcome.
 type UsagePoint struct {
 	Start            time.Time // the bucket's start, UTC
 	Model            string    // "" for requests refused before a model was read
@@ -54,6 +55,7 @@ type UsagePoint struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64 // nano-units of the currency (internal/money)
 }
 
 // Percentiles of a latency in milliseconds. Values come from a histogram
@@ -72,15 +74,17 @@ type ModelLatency struct {
 	Queue Percentiles
 }
 
-// UserTotal is one person's requests and tokens over a window.
+// UserTotal is one person's requests, tokens and cost over a window.
 type UserTotal struct {
 	UserID   uint
 	Email    string
 	Requests int64
 	Tokens   int64
+	Cost     int64
 }
 
-// KeyTotal is one key's requests and tokens over a window.
+// KeyTotal is one key's requests, tokens and cost over a window (KeyID 0:
+// a person's web chat).
 type KeyTotal struct {
 	KeyID            uint
 	Name, Prefix     string
@@ -88,6 +92,7 @@ type KeyTotal struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64
 }
 
 // Tokens is the key's prompt and completion tokens together.
@@ -110,7 +115,7 @@ func UsageOverTime(ctx context.Context, db *gorm.DB, w Window, userID uint) ([]U
 		q = db.WithContext(ctx).Model(&UsageOfPerson{}).Where("user_id = ?", userID)
 	}
 	var out []UsagePoint
-	err := q.Select("start, model, outcome, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens").
+	err := q.Select("start, model, outcome, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens, SUM(cost) AS cost").
 		Where("span = ? AND start >= ? AND start < ?", w.span(), w.From.UTC(), w.To.UTC()).
 		Group("start, model, outcome").Order("start, model, outcome").Scan(&out).Error
 	if err != nil {
@@ -196,7 +201,7 @@ func percentiles(hist []bucketCount) Percentiles {
 func TopUsers(ctx context.Context, db *gorm.DB, w Window, limit int) ([]UserTotal, error) {
 	var top []UserTotal
 	err := db.WithContext(ctx).Model(&UsageByPerson{}).
-		Select("user_id, SUM(requests) AS requests, SUM(prompt_tokens + completion_tokens) AS tokens").
+		Select("user_id, SUM(requests) AS requests, SUM(prompt_tokens + completion_tokens) AS tokens, SUM(cost) AS cost").
 		Where("span = ? AND start >= ? AND start < ?", w.span(), w.From.UTC(), w.To.UTC()).
 		Group("user_id").Order("tokens DESC, requests DESC, user_id").Limit(limit).Scan(&top).Error
 	if err != nil {
@@ -227,7 +232,7 @@ func TopUsers(ctx context.Context, db *gorm.DB, w Window, limit int) ([]UserTota
 // everyone (userID 0) or of one person.
 func TopKeys(ctx context.Context, db *gorm.DB, w Window, userID uint, limit int) ([]KeyTotal, error) {
 	q := db.WithContext(ctx).Model(&UsageByPerson{}).
-		Select("key_id, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens").
+		Select("key_id, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens, SUM(cost) AS cost").
 		Where("span = ? AND start >= ? AND start < ? AND key_id <> 0", w.span(), w.From.UTC(), w.To.UTC())
 	if userID != 0 {
 		q = q.Where("user_id = ?", userID)
@@ -256,6 +261,70 @@ func TopKeys(ctx context.Context, db *gorm.DB, w Window, userID uint, limit int)
 		if k := byID[top[i].KeyID]; k != nil {
 			top[i].Name, top[i].Prefix, top[i].Owner = k.Name, k.Prefix, k.User.Email
 		}
+	}
+	return top, nil
+}
+
+// ChatTotal returns one person's use of the web chat over w (their
+// requests without a key), Requests 0 when there was none. TopKeys leaves
+// it out: it ranks keys, and the chat is no key.
+func ChatTotal(ctx context.Context, db *gorm.DB, w Window, userID uint) (KeyTotal, error) {
+	t := KeyTotal{}
+	if userID == 0 {
+		return t, fmt.Errorf("chat total of user 0: %w", ErrInvalid)
+	}
+	err := db.WithContext(ctx).Model(&UsageByPerson{}).
+		Select("COALESCE(SUM(requests), 0) AS requests, COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens, "+
+			"COALESCE(SUM(completion_tokens), 0) AS completion_tokens, COALESCE(SUM(cost), 0) AS cost").
+		Where("span = ? AND start >= ? AND start < ? AND user_id = ? AND key_id = 0", w.span(), w.From.UTC(), w.To.UTC(), userID).
+		Scan(&t).Error
+	if err != nil {
+		return t, fmt.Errorf("chat total: %w", err)
+	}
+	return t, nil
+}
+
+// TeamTotal is one team's requests, tokens and cost over a window.
+type TeamTotal struct {
+	TeamID   uint
+	Name     string
+	Requests int64
+	Tokens   int64
+	Cost     int64
+}
+
+// TopTeams returns the teams whose present members spent the most over w,
+// most first: each member's whole use (every key and the chat), under
+// each team they are in now — what the team's budget counts (SpentSince),
+// so a person who joined yesterday brings last week with them. Teams whose
+// members used nothing are left out. One query over the people rollup.
+func TopTeams(ctx context.Context, db *gorm.DB, w Window, limit int) ([]TeamTotal, error) {
+	var top []TeamTotal
+	err := db.WithContext(ctx).Table("usage_people AS p").
+		Joins("JOIN team_members AS m ON m.user_id = p.user_id").
+		Select("m.team_id AS team_id, SUM(p.requests) AS requests, SUM(p.prompt_tokens + p.completion_tokens) AS tokens, SUM(p.cost) AS cost").
+		Where("p.span = ? AND p.start >= ? AND p.start < ?", w.span(), w.From.UTC(), w.To.UTC()).
+		Group("m.team_id").Order("cost DESC, tokens DESC, team_id").Limit(limit).Scan(&top).Error
+	if err != nil {
+		return nil, fmt.Errorf("top teams: %w", err)
+	}
+	if len(top) == 0 {
+		return nil, nil
+	}
+	ids := make([]uint, len(top))
+	for i := range top {
+		ids[i] = top[i].TeamID
+	}
+	var teams []Team
+	if err := db.WithContext(ctx).Select("id, name").Where("id IN ?", ids).Find(&teams).Error; err != nil {
+		return nil, fmt.Errorf("top teams' names: %w", err)
+	}
+	name := make(map[uint]string, len(teams))
+	for _, t := range teams {
+		name[t.ID] = t.Name
+	}
+	for i := range top {
+		top[i].Name = name[top[i].TeamID]
 	}
 	return top, nil
 }

@@ -33,9 +33,13 @@ type UsageView struct {
 	// Models[k], and TokensByOutcome[i][j] its tokens of outcome j.
 	Tokens          [][]int64
 	TokensByOutcome [][]int64
+	// Cost[i] is bucket i's cost, every model and outcome, in nano-units.
+	Cost []int64
 	// ByModel are the window's totals per model, in the order of Models.
 	ByModel []ModelTotal
 	Total   ModelTotal
+	// Currency is the code every cost is in (USD).
+	Currency string
 }
 
 // Bucket is one span of a window.
@@ -72,6 +76,7 @@ type ModelTotal struct {
 	AllRequests      int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64
 }
 
 // AdminDashboard is /admin.
@@ -81,6 +86,7 @@ type AdminDashboard struct {
 	Latencies []Latency
 	TopUsers  []UserTotal
 	TopKeys   []KeyTotal
+	TopTeams  []TeamTotal
 	Rejected  []UsageEvent
 	Errors    []UsageEvent
 	Backends  BackendsView
@@ -105,6 +111,17 @@ type UserTotal struct {
 	Email    string
 	Requests int64
 	Tokens   int64
+	Cost     int64
+}
+
+// TeamTotal is one row of the teams by cost: what its present members
+// used in the window.
+type TeamTotal struct {
+	ID       uint
+	Name     string
+	Requests int64
+	Tokens   int64
+	Cost     int64
 }
 
 // KeyTotal is one row of a key table.
@@ -115,6 +132,7 @@ type KeyTotal struct {
 	Requests         int64
 	PromptTokens     int64
 	CompletionTokens int64
+	Cost             int64
 }
 
 // UsageEvent is one recent ledger row: a rejection or an error.
@@ -157,6 +175,11 @@ type UsagePage struct {
 	KeysCapped bool
 	// ExportSince are the export form's choices.
 	ExportSince []ExportChoice
+	// Budgets are every budget the person's spending counts against: their
+	// own, their teams', their active keys'. BudgetsUnknown says what they
+	// spent could not be read now (the amounts are still listed).
+	Budgets        []BudgetStatus
+	BudgetsUnknown bool
 }
 
 // ExportChoice is one "since" of the export form.
@@ -282,12 +305,32 @@ func rowSum(values [][]int64, i int) int64 {
 func keyLabel(k KeyTotal) string {
 	switch {
 	case k.ID == 0:
-		return "Chat (signed in)"
+		return "Web chat"
 	case k.Name == "":
 		return "(unnamed)"
 	default:
 		return k.Name
 	}
+}
+
+// costCaption names the cost table: by day or by hour, as the window.
+func costCaption(u UsageView) string {
+	if len(u.Buckets) > 1 && u.Buckets[1].Start.Sub(u.Buckets[0].Start) >= 24*time.Hour {
+		return "Cost by day"
+	}
+	return "Cost by hour"
+}
+
+// keyCount is how many of a key table's rows are keys (the web chat's is
+// not).
+func keyCount(keys []KeyTotal) int {
+	n := 0
+	for _, k := range keys {
+		if k.ID != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // num formats a count with thin groups (12 345).

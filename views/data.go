@@ -42,6 +42,22 @@ type Key struct {
 	// OwnerDisabled: an admin disabled the owner, so even an active key
 	// is refused.
 	OwnerDisabled bool
+	// Budget (nil: none) and BudgetPeriod limit what the key spends, in
+	// Currency; Models are the models it may use ("": every one).
+	Budget       *int64
+	BudgetPeriod string
+	Models       string
+	Currency     string
+}
+
+// BudgetForm is the key's budget as its form shows it.
+func (k Key) BudgetForm() BudgetForm { return budgetForm(k.Budget, k.BudgetPeriod) }
+
+func budgetForm(amount *int64, period string) BudgetForm {
+	if amount == nil {
+		return BudgetForm{Period: "month"}
+	}
+	return BudgetForm{Amount: AmountInput(*amount), Period: period}
 }
 
 // KeysPage is the keys page: a person's own keys (/keys) or everyone's
@@ -54,6 +70,8 @@ type KeysPage struct {
 	NewSecret string
 	NewName   string
 	Error     string
+	// Notice says what a form just did.
+	Notice string
 	// Form echoes the create form after an error.
 	Form KeyForm
 	// Filter is /admin/keys's owner filter, as typed (cleaned).
@@ -82,7 +100,14 @@ type Person struct {
 	ActiveKeys int64
 	// Self is the admin looking at the list, who cannot disable themself.
 	Self bool
+	// Budget (nil: none) limits everything they spend, in Currency.
+	Budget       *int64
+	BudgetPeriod string
+	Currency     string
 }
+
+// BudgetForm is the person's budget as its form shows it.
+func (p Person) BudgetForm() BudgetForm { return budgetForm(p.Budget, p.BudgetPeriod) }
 
 // Status is a short word for the list: active or disabled.
 func (p Person) Status() string {

@@ -44,6 +44,11 @@ func TestAdminAccessTable(t *testing.T) {
 			t.Fatalf("key 1: %v", err)
 		}
 
+		team, err := models.CreateTeam(ctx, e.DB, "access", models.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+
 		type caller struct {
 			name   string
 			client *http.Client
@@ -73,6 +78,17 @@ func TestAdminAccessTable(t *testing.T) {
 			{"GET", "/admin/people", []int{toSignIn, hxSignIn, k, k, k, 403, 200, 200}, ""},
 			{"POST", "/admin/people/1/disable", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/people?done=disabled"},
 			{"POST", "/admin/people/1/enable", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/people?done=enabled"},
+			// Budgets, model lists and teams (an empty form: no budget, every model).
+			{"POST", "/admin/people/1/budget", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/people?done=budget"},
+			{"POST", "/admin/keys/1/budget", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/keys?done=budget"},
+			{"POST", "/admin/keys/1/models", []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303}, "/admin/keys?done=models"},
+			{"GET", "/admin/teams", []int{toSignIn, hxSignIn, k, k, k, 403, 200, 200}, ""},
+			{"GET", fmt.Sprintf("/admin/teams/%d", team.ID), []int{toSignIn, hxSignIn, k, k, k, 403, 200, 200}, ""},
+			{"POST", "/admin/teams", []int{toSignIn, hxSignIn, k, k, k, 403, 422, 422}, ""},
+			{"POST", fmt.Sprintf("/admin/teams/%d/budget", team.ID), []int{toSignIn, hxSignIn, k, k, k, 403, 303, 303},
+				fmt.Sprintf("/admin/teams/%d?done=budget", team.ID)},
+			// Key 1 is nobody's here but the keyholder's: not found.
+			{"POST", "/keys/1/budget", []int{toSignIn, hxSignIn, k, k, k, 404, 404, 404}, ""},
 			{"GET", "/usage", []int{toSignIn, hxSignIn, k, k, k, letThrough, letThrough, letThrough}, ""},
 			{"GET", "/usage/export", []int{toSignIn, hxSignIn, k, k, k, letThrough, letThrough, letThrough}, ""},
 		}

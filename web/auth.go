@@ -103,6 +103,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	keys.Get("", h.Keys)
 	keys.Post("", h.CreateKey)
 	keys.Post("/:id/revoke", h.RevokeKey)
+	keys.Post("/:id/budget", h.KeyBudget)
 
 	app.Get("/usage", page, h.Usage)
 	app.Get("/usage/export", page, h.UsageExport)
@@ -115,6 +116,17 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	adminPages.Get("/people", h.AdminPeople)
 	adminPages.Post("/people/:id/disable", h.AdminDisablePerson)
 	adminPages.Post("/people/:id/enable", h.AdminEnablePerson)
+	adminPages.Post("/people/:id/budget", h.AdminPersonBudget)
+	adminPages.Post("/keys/:id/budget", h.AdminKeyBudget)
+	adminPages.Post("/keys/:id/models", h.AdminKeyModels)
+	adminPages.Get("/teams", h.AdminTeams)
+	adminPages.Post("/teams", h.AdminCreateTeam)
+	adminPages.Get("/teams/:id", h.AdminTeam)
+	adminPages.Post("/teams/:id/budget", h.AdminTeamBudget)
+	adminPages.Post("/teams/:id/models", h.AdminTeamModels)
+	adminPages.Post("/teams/:id/members", h.AdminTeamAddMember)
+	adminPages.Post("/teams/:id/members/:user/remove", h.AdminTeamRemoveMember)
+	adminPages.Post("/teams/:id/delete", h.AdminDeleteTeam)
 	return nil
 }
 

@@ -311,6 +311,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	go withdrawals.Run(wctx)
 	s.closers = append(s.closers, stopWithdrawals)
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Currency: s.Config.Currency,
+		Policies: s.Policies, Budgets: s.Budgets,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
 			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout,
 		Streams: streams, Withdrawals: withdrawals}

@@ -138,13 +138,19 @@ func Format(n Amount) string {
 }
 
 // FormatShort writes an amount for people: two decimals from one unit up,
-// else exactly, without trailing zeros ("0.000018"), and "0" for nothing.
+// cut rather than rounded (what is left of a budget never shows more than
+// there is), else exactly, without trailing zeros ("0.000018"), and "0"
+// for nothing.
 func FormatShort(n Amount) string {
 	if n == 0 {
 		return "0"
 	}
 	if n >= Nano || n <= -Nano {
-		return strconv.FormatFloat(float64(n)/Nano, 'f', 2, 64)
+		sign := ""
+		if n < 0 {
+			sign, n = "-", -n
+		}
+		return fmt.Sprintf("%s%d.%02d", sign, n/Nano, n%Nano/(Nano/100))
 	}
 	return strings.TrimRight(Format(n), "0")
 }

@@ -55,7 +55,8 @@ func TestParseAndFormat(t *testing.T) {
 			t.Errorf("Format(%d) = %q, want %q", n, got, want)
 		}
 	}
-	for n, want := range map[Amount]string{0: "0", 18_000: "0.000018", 5 * Nano: "5.00", 1_234_567_891: "1.23"} {
+	for n, want := range map[Amount]string{0: "0", 18_000: "0.000018", 5 * Nano: "5.00", 1_234_567_891: "1.23",
+		24_999_915_000: "24.99", -1_999_000_000: "-1.99"} {
 		if got := FormatShort(n); got != want {
 			t.Errorf("FormatShort(%d) = %q, want %q", n, got, want)
 		}

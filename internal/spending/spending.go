@@ -149,16 +149,25 @@ func (r *Resolver) load(ctx context.Context, user uint, key *uint) (Policy, erro
 	return p, nil
 }
 
+// LimitOf is a stored budget (amount nil: none) as budget.Store takes it;
+// ok is false without one. A stored period is checked when it is set; one
+// that is not known counts as total, which limits the most, never the
+// least.
+func LimitOf(scope budget.Scope, id uint, name string, amount *int64, period string) (l budget.Limit, ok bool) {
+	if amount == nil {
+		return budget.Limit{}, false
+	}
+	per, err := budget.ParsePeriod(period)
+	if err != nil {
+		per = budget.PeriodTotal
+	}
+	return budget.Limit{Scope: scope, ID: id, Name: name, Amount: *amount, Period: per}, true
+}
+
 // add takes one scope's budget and model list into the policy.
 func (p *Policy) add(scope budget.Scope, id uint, name string, amount *int64, period, list string) error {
-	if amount != nil {
-		per, err := budget.ParsePeriod(period)
-		if err != nil {
-			// A stored period is checked when it is set; one that is not
-			// known limits the most, never the least.
-			per = budget.PeriodTotal
-		}
-		p.Limits = append(p.Limits, budget.Limit{Scope: scope, ID: id, Name: name, Amount: *amount, Period: per})
+	if l, ok := LimitOf(scope, id, name, amount, period); ok {
+		p.Limits = append(p.Limits, l)
 	}
 	if strings.TrimSpace(list) == "" {
 		return nil
