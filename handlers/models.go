@@ -60,4 +60,3 @@ func (h *Handler) Model(c *fiber.Ctx) error {
 	}
 	return apiError(c, http.StatusNotFound, "The model `"+id+"` does not exist or you do not have access to it.", "invalid_request_error", "model_not_found")
 }
-

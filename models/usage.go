@@ -80,9 +80,9 @@ type Usage struct {
 	// never rewrites it.
 	Cost        int64
 	UsageSource string `gorm:"size:16"`
-	QueueMs          int64
-	TTFTMs           *int64
-	DurationMs       int64
+	QueueMs     int64
+	TTFTMs      *int64
+	DurationMs  int64
 	// Replica is the gateway replica that served the request, so that a
 	// restarted or vanished replica's unfinished rows can be closed without
 	// touching those its siblings are still serving. Not indexed: the

@@ -3,8 +3,8 @@ package web_test
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
