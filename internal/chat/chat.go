@@ -379,7 +379,8 @@ func (s *Service) release(g *generation) {
 
 // RenderFinal renders a finished assistant message as the HTML the page
 // shows: the rendered answer in an element whose data-status is the
-// message's status, with the reason of an error.
+// message's status, with the reason of an error, then what it was billed
+// for.
 func (s *Service) RenderFinal(f Final) string {
 	if len(f.Content) > maxCachedRender {
 		return s.renderFinal(f)
@@ -411,11 +412,15 @@ func (s *Service) renderFinal(f Final) string {
 		b.WriteString(html.EscapeString(reason))
 		b.WriteString(`</p>`)
 	}
-	if f.PromptTokens > 0 || f.CompletionTokens > 0 {
-		// What the answer was billed for, as its usage row says.
-		fmt.Fprintf(&b, `<p class="usage-note" data-cost="%d">%d tokens in · %d out · %s %s</p>`,
-			f.Cost, f.PromptTokens, f.CompletionTokens, money.FormatShort(f.Cost), html.EscapeString(s.o.Currency))
-	}
 	b.WriteString(`</div>`)
+	if f.PromptTokens > 0 || f.CompletionTokens > 0 {
+		// What the answer was billed for, as its usage row says: beside
+		// the answer, not in it (Copy and the answer's text leave it out).
+		fmt.Fprintf(&b, `<p class="usage-note" data-cost="%d">%d tokens in · %d out`, f.Cost, f.PromptTokens, f.CompletionTokens)
+		if f.Cost > 0 { // a free model's answers cost nothing: no price to show
+			fmt.Fprintf(&b, ` · %s %s`, money.FormatShort(f.Cost), html.EscapeString(s.o.Currency))
+		}
+		b.WriteString(`</p>`)
+	}
 	return b.String()
 }

@@ -78,6 +78,16 @@ func TestRenderFinalEscapesAndShowsStatus(t *testing.T) {
 	if got := s.RenderFinal(Final{Status: "stopped", Content: "hi"}); got != `<div class="answer" data-status="stopped"><em>hi</em></div>` {
 		t.Fatalf("custom render: %s", got)
 	}
+	// What it was billed for, beside the answer; a free model's without a cost.
+	s = New(Options{Render: func(md string) string { return md }, Currency: "EUR"})
+	if got := s.RenderFinal(Final{Status: "done", Content: "hi", PromptTokens: 12, CompletionTokens: 3, Cost: 18_000}); got !=
+		`<div class="answer" data-status="done">hi</div><p class="usage-note" data-cost="18000">12 tokens in · 3 out · 0.000018 EUR</p>` {
+		t.Fatalf("priced: %s", got)
+	}
+	if got := s.RenderFinal(Final{Status: "done", Content: "hi", PromptTokens: 12, CompletionTokens: 3}); got !=
+		`<div class="answer" data-status="done">hi</div><p class="usage-note" data-cost="0">12 tokens in · 3 out</p>` {
+		t.Fatalf("free: %s", got)
+	}
 }
 
 // A follower of a live generation gets chunks after its seq, then done;
