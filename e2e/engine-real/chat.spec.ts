@@ -15,6 +15,24 @@ test.describe('chat completions against a real engine', () => {
     c = client(key);
   });
 
+  test('a real engine counts no more prompt tokens than a budget reserves: the body\'s bytes + 256', async () => {
+    // The worst case for a bytes bound: short words, digits, punctuation,
+    // accents, CJK and emoji, under a tiny model's small vocabulary (its
+    // tokens are a byte or two), over several messages, each with its
+    // template's markers.
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: 'system', content: 'You are a terse assistant. Réponds brièvement.' },
+      { role: 'user', content: 'a b c d e f g h i j 1 2 3 4 5 6 7 8 9 0 ; : , . ! ? é ü ñ 日本語 🙂🚀' },
+      { role: 'assistant', content: 'x y z' },
+      { role: 'user', content: STORY },
+    ];
+    const params = { model: ALL_APIS, max_tokens: 4, messages };
+    const bytes = Buffer.byteLength(JSON.stringify(params));
+    const r = await c.chat.completions.create(params);
+    expect(r.usage?.prompt_tokens).toBeGreaterThan(0);
+    expect(r.usage!.prompt_tokens).toBeLessThanOrEqual(bytes + 256);
+  });
+
   test('lists the configured models', async () => {
     const page = await c.models.list();
     expect(page.data.map((m) => m.id)).toEqual([ALL_APIS, CHAT_ONLY]);
