@@ -346,9 +346,24 @@ func (h *Handler) ownKeyBudgetProblem(ctx context.Context, userID uint, k *model
 	if err != nil {
 		return "", err
 	}
-	if u.Budget != nil && *amount > *u.Budget {
-		return fmt.Sprintf("%s is above your own budget of %s: a key’s budget can be at most yours.",
-			views.BudgetText(amount, period, cur), views.BudgetText(u.Budget, u.BudgetPeriod, cur)), nil
+	own, ok := spending.LimitOf(budget.ScopePerson, u.ID, u.Email, u.Budget, u.BudgetPeriod)
+	if !ok {
+		return "", nil
+	}
+	// At most what is left of their own budget now: a key cannot promise
+	// more than its owner still has.
+	left := own.Amount
+	if h.Budgets != nil {
+		states, err := h.Budgets.Status(ctx, []budget.Limit{own}, time.Now())
+		if err != nil {
+			h.Log.Warn("own budget's spending not read", "user", userID, "err", err)
+			return "What is left of your own budget cannot be read right now; try again shortly.", nil
+		}
+		left = states[0].Left()
+	}
+	if *amount > left {
+		return fmt.Sprintf("%s is above what is left of your own budget of %s (%s %s): a key’s budget can be at most that.",
+			views.BudgetText(amount, period, cur), views.BudgetText(u.Budget, u.BudgetPeriod, cur), money.FormatShort(left), cur), nil
 	}
 	return "", nil
 }

@@ -123,7 +123,7 @@ func TestOwnKeyBudget(t *testing.T) {
 		}
 		// No budget yet: one above her own is refused, one within it is set.
 		resp, body := set("20", "month")
-		wantRefused(t, "above her own budget", resp, body, "above your own budget of 10.00 USD per month")
+		wantRefused(t, "above her own budget", resp, body, "above what is left of your own budget of 10.00 USD per month")
 		resp, body = set("", "month")
 		wantRefused(t, "nothing", resp, body, "Give the key a budget")
 		resp, body = set("5", "month")
@@ -162,6 +162,11 @@ func TestOwnKeyBudget(t *testing.T) {
 		// Lowered below what one request reserves, in total: her next
 		// request is refused at once, though her policy was just cached.
 		e.sendAs(key, chatBody, http.StatusOK)
+		// Now that she spent some of her own budget, a key of hers can
+		// have at most what is left of it.
+		_, otherID := e.limitedKey("pia@example.com", models.Limits{})
+		resp, body = e.sendForm(piaWeb, keyPath(false, otherID, "budget"), url.Values{"amount": {"10"}, "period": {"month"}})
+		wantRefused(t, "her whole budget once some is spent", resp, body, "above what is left of your own budget")
 		resp, body = set("0.0001", "total")
 		wantRedirect(t, "lower", resp, body, "/keys?done=budget")
 		refusal := e.postWith(ctx, key, chatBody)
