@@ -33,8 +33,8 @@ const promptMargin = 256
 const reservationTTL = time.Hour
 
 // policy returns what the sender may use and spend, or the answer that
-// refuses the request.
-func (g *Gateway) policy(call Call) (spending.Policy, *Response) {
+// refuses the request (for model).
+func (g *Gateway) policy(call Call, model string) (spending.Policy, *Response) {
 	if g.policies == nil || call.Principal.UserID == 0 {
 		return spending.Policy{}, nil
 	}
@@ -43,17 +43,17 @@ func (g *Gateway) policy(call Call) (spending.Policy, *Response) {
 	p, err := g.policies.For(ctx, call.Principal.UserID, call.Principal.KeyID)
 	if err != nil {
 		g.log.Error("read the sender's budgets and models", "err", err, "inference_id", call.ID)
-		return p, g.reject(call, "", http.StatusServiceUnavailable, "budget_unavailable", apiError{
+		return p, g.reject(call, model, http.StatusServiceUnavailable, "budget_unavailable", apiError{
 			message: "Your budgets could not be read; try again.", typ: "server_error", code: "budget_unavailable"},
 			http.Header{"Retry-After": {"1"}})
 	}
 	return p, nil
 }
 
-// reservation is the most a request to r may cost: every byte of its body
+// maxCost is the most a request to r may cost: every byte of its body
 // a prompt token (and promptMargin more), and the output it allows —
 // its own limit, or the route's — for each choice it asks for.
-func (r *Route) reservation(req proxy.Request, bodyLen, choices int) int64 {
+func (r *Route) maxCost(req proxy.Request, bodyLen, choices int) int64 {
 	if r.Price.Free() {
 		return 0
 	}
@@ -85,7 +85,7 @@ func (g *Gateway) beginReserve(call Call, req proxy.Request, route *Route, limit
 	if len(limits) == 0 || g.budgets == nil || route.Price.Free() {
 		return nil
 	}
-	r := &reservation{amount: route.reservation(req, len(call.Body), choicesOf(call.Body)), done: make(chan struct{})}
+	r := &reservation{amount: route.maxCost(req, len(call.Body), choicesOf(call.Body)), done: make(chan struct{})}
 	ttl := reservationTTL
 	if route.Timeout > 0 {
 		ttl = route.Timeout + time.Minute

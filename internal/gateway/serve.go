@@ -39,7 +39,7 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
 	}
-	policy, refused := g.policy(call)
+	policy, refused := g.policy(call, req.Model)
 	if refused != nil {
 		return refused
 	}
