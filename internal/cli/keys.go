@@ -60,7 +60,7 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if limits.Models, err = modelsFlag(*list); err != nil {
+	if limits.Models, err = modelsFlag(*path, *list); err != nil {
 		return err
 	}
 	db, err := openFor(*path)

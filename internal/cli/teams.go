@@ -50,7 +50,7 @@ func teamsCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if limits.Models, err = modelsFlag(*list); err != nil {
+	if limits.Models, err = modelsFlag(*path, *list); err != nil {
 		return err
 	}
 	db, err := openFor(*path)
@@ -200,10 +200,30 @@ func parsePeriod(what, s string) (string, error) {
 }
 
 // modelsFlag checks the value of --models and returns it as it is stored.
-func modelsFlag(s string) (string, error) {
+// The names must be models of the configuration at path: a typo would
+// otherwise allow nothing, silently.
+func modelsFlag(path, s string) (string, error) {
 	names, err := models.ParseModelList(s)
 	if err != nil {
 		return "", fmt.Errorf("%w: --models: %v", ErrUsage, err)
+	}
+	if len(names) == 0 {
+		return "", nil
+	}
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return "", err
+	}
+	known := map[string]bool{}
+	var all []string
+	for _, m := range cfg.Models {
+		known[m.Name] = true
+		all = append(all, m.Name)
+	}
+	for _, n := range names {
+		if !known[n] {
+			return "", fmt.Errorf("%w: --models: there is no model %q (the models are %s)", ErrUsage, n, strings.Join(all, ", "))
+		}
 	}
 	return strings.Join(names, ","), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,6 +25,23 @@ func withDB(t *testing.T, cfg string, fn func(db *gorm.DB)) {
 	fn(db)
 }
 
+// writeConfigWithModels is writeConfig with models qwen, llama, a and b,
+// on the built-in engine: --models names only configured models.
+func writeConfigWithModels(t *testing.T) string {
+	t.Helper()
+	path := writeConfig(t)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("backends: [{name: demo, kind: builtin}]\nmodels: [{name: qwen, backend: demo}, " +
+		"{name: llama, backend: demo}, {name: a, backend: demo}, {name: b, backend: demo}]\n"); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // hundredAndOne is a model list of 101 names.
 func hundredAndOne() string {
 	names := make([]string, 101)
@@ -36,7 +54,11 @@ func hundredAndOne() string {
 // keys create with a budget and models: stored with the key, shown by keys
 // list; the period is month unless given.
 func TestKeysCreateWithLimits(t *testing.T) {
-	cfg := writeConfig(t)
+	cfg := writeConfigWithModels(t)
+	if _, err := run(t, "keys", "create", "--config", cfg, "--owner", "a@example.com", "--name", "typo", "--models", "qwen,lama"); err == nil ||
+		!strings.Contains(err.Error(), `there is no model "lama"`) {
+		t.Fatalf("a model that is not configured: %v", err)
+	}
 	if _, err := run(t, "keys", "create", "--config", cfg, "--owner", "a@example.com", "--name", "capped",
 		"--budget", "5.00", "--budget-period", "day", "--models", "qwen, llama,qwen"); err != nil {
 		t.Fatal(err)
@@ -90,7 +112,7 @@ func TestKeysCreateWithLimits(t *testing.T) {
 
 // teams create, add, remove and list, with flags after the name.
 func TestTeamsCommands(t *testing.T) {
-	cfg := writeConfig(t)
+	cfg := writeConfigWithModels(t)
 	out, err := run(t, "teams", "create", "engineering", "--config", cfg, "--budget", "100", "--budget-period", "total", "--models", "a,b")
 	if err != nil || !strings.Contains(out, "engineering") {
 		t.Fatalf("teams create: %q, %v", out, err)
