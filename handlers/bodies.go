@@ -115,3 +115,67 @@ func wholeNumber(v gjson.Result) (int, bool) {
 	}
 	return int(f), true
 }
+
+// conversationPatchWatch lists the fields a conversation's PATCH reads.
+var conversationPatchWatch = jsonguard.Watch{{Name: "title"}, {Name: "system_prompt"}, {Name: "temperature"}, {Name: "max_tokens"}}
+
+// conversationPatch is what a PATCH of a conversation changes: each field
+// is set when its member is present (a null temperature or max_tokens, or
+// an empty system prompt, clears it).
+type conversationPatch struct {
+	Title, SystemPrompt       *string
+	HasTemperature, HasTokens bool
+	Temperature               *float64
+	MaxTokens                 *int
+}
+
+// parseConversationPatch reads {"title", "system_prompt", "temperature",
+// "max_tokens"}, each optional, at least one present; other members are
+// ignored.
+func parseConversationPatch(body []byte) (conversationPatch, error) {
+	var p conversationPatch
+	root, err := guardedObject(body, conversationPatchWatch)
+	if err != nil {
+		return p, err
+	}
+	for _, f := range []struct {
+		name string
+		to   **string
+	}{{"title", &p.Title}, {"system_prompt", &p.SystemPrompt}} {
+		switch v := root.Get(f.name); {
+		case !v.Exists():
+		case v.Type == gjson.String:
+			s := v.Str
+			*f.to = &s
+		default:
+			return p, &bodyError{Message: f.name + " must be a string", Param: f.name}
+		}
+	}
+	switch v := root.Get("temperature"); {
+	case !v.Exists():
+	case v.Type == gjson.Null:
+		p.HasTemperature = true
+	case v.Type == gjson.Number:
+		t := v.Num
+		p.HasTemperature, p.Temperature = true, &t
+	default:
+		return p, &bodyError{Message: "temperature must be a number or null", Param: "temperature"}
+	}
+	switch v := root.Get("max_tokens"); {
+	case !v.Exists():
+	case v.Type == gjson.Null:
+		p.HasTokens = true
+	case v.Type == gjson.Number:
+		n, ok := wholeNumber(v)
+		if !ok {
+			return p, &bodyError{Message: "max_tokens must be a positive integer or null", Param: "max_tokens"}
+		}
+		p.HasTokens, p.MaxTokens = true, &n
+	default:
+		return p, &bodyError{Message: "max_tokens must be a positive integer or null", Param: "max_tokens"}
+	}
+	if p.Title == nil && p.SystemPrompt == nil && !p.HasTemperature && !p.HasTokens {
+		return p, &bodyError{Message: "give title, system_prompt, temperature or max_tokens"}
+	}
+	return p, nil
+}

@@ -172,3 +172,46 @@ func FuzzParseStringBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseConversationPatch: whatever the body, parseConversationPatch
+// never panics; it refuses with a *bodyError naming one of its fields or
+// nothing; what it accepts is a JSON object to encoding/json, and a
+// temperature, max_tokens and text it reads are what encoding/json reads.
+//
+//	go test ./handlers -run '^$' -fuzz FuzzParseConversationPatch -fuzztime 60s
+func FuzzParseConversationPatch(f *testing.F) {
+	for _, b := range []string{
+		`{"system_prompt":"Be brief.","temperature":0.2,"max_tokens":100}`, `{"title":"t"}`, `{"temperature":null}`,
+		`{"max_tokens":1e2}`, `{"max_tokens":-1}`, `{"max_tokens":1.5}`, `{"temperature":"1"}`, `{}`, `[]`, ``,
+		`{"system_prompt":"a","system_prompt":"b"}`, `{"Temperature":1,"temperature":2}`, `{"x":` + strings.Repeat("[", 200) + `}`,
+	} {
+		f.Add([]byte(b))
+	}
+	fields := []string{"title", "system_prompt", "temperature", "max_tokens"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		p, err := parseConversationPatch(body)
+		if err != nil {
+			refusal(t, err, body, fields...)
+			return
+		}
+		var std map[string]any
+		if err := json.Unmarshal(body, &std); err != nil {
+			t.Fatalf("accepted %q, which encoding/json refuses: %v", body, err)
+		}
+		if p.Temperature != nil {
+			if v, ok := std["temperature"].(float64); !ok || v != *p.Temperature {
+				t.Fatalf("temperature %v; encoding/json reads %v in %q", *p.Temperature, std["temperature"], body)
+			}
+		}
+		if p.MaxTokens != nil {
+			if v, ok := std["max_tokens"].(float64); !ok || v != float64(*p.MaxTokens) || *p.MaxTokens < 0 {
+				t.Fatalf("max_tokens %d; encoding/json reads %v in %q", *p.MaxTokens, std["max_tokens"], body)
+			}
+		}
+		if p.SystemPrompt != nil && plainText(*p.SystemPrompt) {
+			if v, ok := std["system_prompt"].(string); !ok || v != *p.SystemPrompt {
+				t.Fatalf("system_prompt %q; encoding/json reads %v in %q", *p.SystemPrompt, std["system_prompt"], body)
+			}
+		}
+	})
+}

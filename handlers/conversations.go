@@ -19,16 +19,21 @@ import (
 
 // conversationJSON is a conversation in the API.
 type conversationJSON struct {
-	ID        string               `json:"id"`
-	Title     string               `json:"title"`
-	Model     string               `json:"model"`
-	CreatedAt time.Time            `json:"created_at"`
-	UpdatedAt time.Time            `json:"updated_at"`
-	Messages  []chat.ExportMessage `json:"messages,omitempty"`
+	ID        string    `json:"id"`
+	Title     string    `json:"title"`
+	Model     string    `json:"model"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// The settings its replies are asked with (null: the engine's own).
+	SystemPrompt string               `json:"system_prompt"`
+	Temperature  *float64             `json:"temperature"`
+	MaxTokens    *int                 `json:"max_tokens"`
+	Messages     []chat.ExportMessage `json:"messages,omitempty"`
 }
 
 func conversationOf(c *models.Conversation) conversationJSON {
-	return conversationJSON{ID: c.ID, Title: c.Title, Model: c.Model, CreatedAt: c.CreatedAt, UpdatedAt: c.UpdatedAt}
+	return conversationJSON{ID: c.ID, Title: c.Title, Model: c.Model, CreatedAt: c.CreatedAt, UpdatedAt: c.UpdatedAt,
+		SystemPrompt: c.SystemPrompt, Temperature: c.Temperature, MaxTokens: c.MaxTokens}
 }
 
 // person is the signed-in caller as the chat sees them.
@@ -55,6 +60,10 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 	const invalid = "invalid_request_error"
 	if le, ok := chat.AsLimit(err); ok {
 		return limitError(c, le)
+	}
+	var se *chat.SettingError
+	if errors.As(err, &se) {
+		return apiErrorParam(c, http.StatusBadRequest, se.Field+" must be "+se.Message+".", invalid, "invalid_request", se.Field)
 	}
 	switch {
 	case errors.Is(err, chat.ErrNotFound):
@@ -154,22 +163,41 @@ func (h *Handler) Conversation(c *fiber.Ctx) error {
 	return c.JSON(out)
 }
 
-// RenameConversation serves PATCH /api/v1/conversations/{id} {"title"}.
-func (h *Handler) RenameConversation(c *fiber.Ctx) error {
+// PatchConversation serves PATCH /api/v1/conversations/{id} {"title",
+// "system_prompt", "temperature", "max_tokens"}: each optional, the
+// others kept. The settings are checked whole before anything is stored.
+func (h *Handler) PatchConversation(c *fiber.Ctx) error {
 	p, ok := h.person(c)
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	title, ok, err := stringBody(c, "title")
-	if !ok {
-		return err
+	patch, err := parseConversationPatch(c.Body())
+	if err != nil {
+		return badBody(c, err)
 	}
-	id := c.Params("id")
-	if err := h.Chat.Rename(c.UserContext(), p.UserID, id, title); err != nil {
+	ctx, id := c.UserContext(), c.Params("id")
+	conv, _, err := h.Chat.Get(ctx, p.UserID, id)
+	if err != nil {
 		return h.chatError(c, err)
 	}
-	conv, _, err := h.Chat.Get(c.UserContext(), p.UserID, id)
-	if err != nil {
+	set := models.ConversationSettings{SystemPrompt: conv.SystemPrompt, Temperature: conv.Temperature, MaxTokens: conv.MaxTokens}
+	if patch.SystemPrompt != nil {
+		set.SystemPrompt = *patch.SystemPrompt
+	}
+	if patch.HasTemperature {
+		set.Temperature = patch.Temperature
+	}
+	if patch.HasTokens {
+		set.MaxTokens = patch.MaxTokens
+	}
+	var settings *models.ConversationSettings
+	if patch.SystemPrompt != nil || patch.HasTemperature || patch.HasTokens {
+		settings = &set
+	}
+	if err := h.Chat.Update(ctx, p.UserID, id, patch.Title, settings); err != nil {
+		return h.chatError(c, err)
+	}
+	if conv, _, err = h.Chat.Get(ctx, p.UserID, id); err != nil {
 		return h.chatError(c, err)
 	}
 	return c.JSON(conversationOf(conv))

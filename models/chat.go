@@ -38,6 +38,11 @@ type Conversation struct {
 	UserID uint   `gorm:"not null;index:idx_conversations_user_updated,priority:1"`
 	Title  string `gorm:"size:200"`
 	Model  string `gorm:"size:200"`
+	// Settings of its replies: a system prompt ("": the person's default),
+	// a temperature and a maximum answer length (nil: the engine's own).
+	SystemPrompt string `gorm:"type:text"`
+	Temperature  *float64
+	MaxTokens    *int
 	// UpdatedAt moves with every new message, so the list shows the
 	// conversations last used first.
 	CreatedAt time.Time
@@ -403,4 +408,24 @@ func CloseUnfinishedMessages(ctx context.Context, db *gorm.DB, restarted string,
 		return 0, fmt.Errorf("close unfinished messages: %w", res.Error)
 	}
 	return res.RowsAffected, nil
+}
+
+// ConversationSettings are what a conversation's replies are asked with.
+type ConversationSettings struct {
+	SystemPrompt string
+	Temperature  *float64
+	MaxTokens    *int
+}
+
+// SetConversationSettings stores the person's conversation id's settings.
+func SetConversationSettings(ctx context.Context, db *gorm.DB, userID uint, id string, s ConversationSettings) error {
+	res := db.WithContext(ctx).Model(&Conversation{}).Where("id = ? AND user_id = ?", id, userID).
+		Updates(map[string]any{"system_prompt": StorableText(s.SystemPrompt), "temperature": s.Temperature, "max_tokens": s.MaxTokens})
+	if res.Error != nil {
+		return fmt.Errorf("set conversation %s's settings: %w", id, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return ErrNotFound
+	}
+	return nil
 }

@@ -82,7 +82,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	api.Post("/v1/conversations", h.CreateConversation)
 	api.Get("/v1/conversations", h.ListConversations)
 	api.Get("/v1/conversations/:id", h.Conversation)
-	api.Patch("/v1/conversations/:id", h.RenameConversation)
+	api.Patch("/v1/conversations/:id", h.PatchConversation)
 	api.Delete("/v1/conversations/:id", h.DeleteConversation)
 	api.Get("/v1/conversations/:id/export", h.ExportConversation)
 	api.Post("/v1/conversations/:id/messages", h.SendMessage)

@@ -19,9 +19,10 @@ type wireMessage struct {
 }
 
 // requestBody builds the generation's request from the conversation: its
-// earlier messages (the person's, and the assistant's that finished or were
-// stopped) up to the reply, trimmed from the oldest to fit ContextTokens;
-// the newest message always goes.
+// system prompt, then its earlier messages (the person's, and the
+// assistant's that finished or were stopped) up to the reply, trimmed from
+// the oldest to fit ContextTokens (the system prompt and the newest message
+// always go), with its temperature and maximum answer length when set.
 func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, replyID string, extra map[string]any) ([]byte, error) {
 	msgs, err := models.ConversationMessages(ctx, s.o.DB, conv.ID)
 	if err != nil {
@@ -40,12 +41,25 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 		}
 		history = append(history, wireMessage{Role: m.Role, Content: m.Content})
 	}
-	history = fitContext(history, s.o.ContextTokens)
+	budget := s.o.ContextTokens
+	var system []wireMessage
+	if conv.SystemPrompt != "" {
+		// Always sent, ahead of the conversation, within its budget.
+		system = []wireMessage{{Role: "system", Content: conv.SystemPrompt}}
+		budget -= estimateTokens(system[0])
+	}
+	history = append(system, fitContext(history, budget)...)
 	body := map[string]any{}
 	maps.Copy(body, extra)
 	body["model"] = conv.Model
 	body["stream"] = true
 	body["messages"] = history
+	if conv.Temperature != nil {
+		body["temperature"] = *conv.Temperature
+	}
+	if conv.MaxTokens != nil {
+		body["max_tokens"] = *conv.MaxTokens
+	}
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("encode chat request: %w", err)
