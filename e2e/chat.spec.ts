@@ -1,4 +1,5 @@
 import { test, expect, type Page } from '@playwright/test';
+import AxeBuilder from '@axe-core/playwright';
 import { baseURL } from '../playwright.config';
 import { csrf, moonji, signIn, usageRow } from './helpers';
 
@@ -276,4 +277,36 @@ test('a priced answer shows its tokens and cost; a person over their budget sees
   await send(spender, 'And this one?', 'moonji-demo');
   await expect(lastReply(spender)).toHaveAttribute('data-status', 'done');
   await context.close();
+});
+
+test('a conversation\'s settings: the Settings panel saves a system prompt, temperature and maximum length, and the next answer keeps to it', async ({ page }) => {
+  await send(page, 'Tell me a long story', 'moonji-demo');
+  await expect(lastReply(page)).toHaveAttribute('data-status', 'done');
+  await page.getByRole('button', { name: 'Settings' }).click();
+  await page.getByLabel('System prompt').fill('Answer in one short sentence.');
+  await page.getByLabel('Temperature').fill('0.3');
+  await page.getByLabel('Maximum length').fill('5');
+  await page.getByRole('button', { name: 'Save settings' }).click();
+  await expect(page.getByRole('status')).toContainText('Saved');
+  const modes = [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const;
+  for (const [name, scheme, width] of modes) {
+    await page.setViewportSize({ width, height: 800 });
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.screenshot({ path: `test-results/screenshots/chat-settings-${name}.png` });
+    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help}`), `settings panel in ${name}`).toEqual([]);
+    if (name === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways).toBeLessThanOrEqual(0);
+    }
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+  const conv = await conversationOf(page, idFromURL(page));
+  expect(conv).toMatchObject({ system_prompt: 'Answer in one short sentence.', temperature: 0.3, max_tokens: 5 });
+  await send(page, 'And another one');
+  await expect(lastReply(page)).toHaveAttribute('data-status', 'done');
+  // The demo engine keeps to max_tokens: five tokens, cut ("length").
+  const after = await conversationOf(page, idFromURL(page));
+  const last = after.messages[after.messages.length - 1];
+  expect(last.content.split(/\s+/).filter(Boolean).length).toBeLessThanOrEqual(5);
 });

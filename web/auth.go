@@ -96,6 +96,8 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Get("/c/:id/m/:mid", page, h.ChatMessage)
 	app.Post("/c/:id/regenerate", page, h.ChatRegenerate)
 	app.Post("/c/:id/rename", page, h.RenameConversationPage)
+	app.Get("/c/:id/settings", page, h.ChatSettings)
+	app.Post("/c/:id/settings", page, h.ChatSaveSettings)
 	app.Post("/c/:id/delete", page, h.DeleteConversationPage)
 	app.Get("/history", page, h.History)
 

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -84,5 +85,61 @@ func TestConversationSettingsReachTheEngine(t *testing.T) {
 	got = received("And now?")
 	if got.Get("temperature").Exists() || got.Get("max_tokens").Exists() || got.Get("messages.0.role").Str == "system" {
 		t.Fatalf("cleared settings still sent: %s", got.Raw)
+	}
+}
+
+// TestConversationSettingsPanel: the Settings panel shows the conversation's
+// settings in labelled fields, saves them (htmx swaps the panel; without it
+// the page is reloaded), refuses bad values with why and nothing stored,
+// and is nobody else's to read or write.
+func TestConversationSettingsPanel(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/p.db")
+	p := e.chatter("panel@example.com")
+	conv := p.newConversation()
+	if pg := p.page("/c/" + conv); !strings.Contains(pg.body, `>Settings</button>`) {
+		t.Fatalf("no Settings button on the conversation's page")
+	}
+	pg := p.page("/c/" + conv + "/settings")
+	for _, label := range []string{`<label for="system_prompt">System prompt</label>`, `<label for="temperature">Temperature</label>`,
+		`<label for="max_tokens">Maximum length</label>`} {
+		if pg.status != http.StatusOK || !strings.Contains(pg.body, label) {
+			t.Fatalf("panel without %s: %d %s", label, pg.status, pg.body)
+		}
+	}
+	save := func(prompt, temp, max string, htmx bool) page {
+		return p.form("/c/"+conv+"/settings", url.Values{"system_prompt": {prompt}, "temperature": {temp}, "max_tokens": {max}}, htmx)
+	}
+	if pg := save("Be brief.", "0.5", "64", true); pg.status != http.StatusOK || !strings.Contains(pg.body, "Saved") ||
+		!strings.Contains(pg.body, `value="0.5"`) || !strings.Contains(pg.body, ">Be brief.</textarea>") {
+		t.Fatalf("save: %d %s", pg.status, pg.body)
+	}
+	for _, c := range []struct{ temp, max, why string }{
+		{"3", "64", "Temperature must be"}, {"warm", "64", "Temperature must be"}, {"NaN", "64", "Temperature must be"},
+		{"0.5", "0", "Maximum length must be"}, {"0.5", "1.5", "Maximum length must be"}, {"0.5", strings.Repeat("9", 40), "Maximum length must be"},
+	} {
+		if pg := save("Be long.", c.temp, c.max, true); pg.status != http.StatusUnprocessableEntity || !strings.Contains(pg.body, c.why) {
+			t.Errorf("%q %q: %d, want 422 saying %q", c.temp, c.max, pg.status, c.why)
+		}
+	}
+	if pg := save(strings.Repeat("x", 16<<10+1), "", "", true); pg.status != http.StatusUnprocessableEntity {
+		t.Errorf("a system prompt over 16 KiB: %d", pg.status)
+	}
+	_, body := p.do(http.MethodGet, "/api/v1/conversations/"+conv, "")
+	if gjson.Get(body, "system_prompt").Str != "Be brief." || gjson.Get(body, "temperature").Num != 0.5 || gjson.Get(body, "max_tokens").Int() != 64 {
+		t.Fatalf("refused forms changed the settings: %s", body)
+	}
+	if pg := save("", "", "", false); pg.status != http.StatusSeeOther {
+		t.Fatalf("without htmx: %d, want a redirect to the conversation", pg.status)
+	}
+	if _, body := p.do(http.MethodGet, "/api/v1/conversations/"+conv, ""); gjson.Get(body, "system_prompt").Str != "" ||
+		gjson.Get(body, "temperature").Type != gjson.Null {
+		t.Fatalf("cleared: %s", body)
+	}
+	other := e.chatter("nosy@example.com")
+	if pg := other.page("/c/" + conv + "/settings"); pg.status != http.StatusNotFound {
+		t.Errorf("another person's panel: %d", pg.status)
+	}
+	if pg := other.form("/c/"+conv+"/settings", url.Values{"system_prompt": {"Obey."}}, true); pg.status != http.StatusNotFound {
+		t.Errorf("another person's save: %d", pg.status)
 	}
 }
