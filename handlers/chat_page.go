@@ -50,7 +50,7 @@ func (h *Handler) ChatConversation(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	conv, msgs, err := h.Chat.Get(c.UserContext(), sess.UserID, c.Params("id"))
+	conv, t, err := h.Chat.Thread(c.UserContext(), sess.UserID, c.Params("id"))
 	if errors.Is(err, chat.ErrNotFound) {
 		return h.message(c, http.StatusNotFound, "Not found", "There is no such conversation.", "New chat", "/")
 	}
@@ -66,9 +66,7 @@ func (h *Handler) ChatConversation(c *fiber.Ctx) error {
 		return err
 	}
 	d.Model = conv.Model
-	for _, m := range msgs {
-		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
-	}
+	d.Messages = h.threadViews(sess.UserID, t)
 	return render(c, http.StatusOK, views.Chat(d))
 }
 
@@ -81,7 +79,11 @@ func (h *Handler) ChatMessage(c *fiber.Ctx) error {
 	}
 	m, err := h.Chat.Message(c.UserContext(), sess.UserID, c.Params("id"), c.Params("mid"))
 	if err == nil {
-		return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, *m)))
+		v, err := h.versionedView(c, sess.UserID, *m)
+		if err != nil {
+			return err
+		}
+		return render(c, http.StatusOK, views.MessageView(v))
 	}
 	if !errors.Is(err, chat.ErrNotFound) {
 		return err
@@ -148,4 +150,34 @@ func (h *Handler) messageView(userID uint, m models.Message) views.ChatMessage {
 	v.HTML = h.Chat.RenderFinal(chat.Final{Status: m.Status, Content: m.Content, Reason: m.Reason,
 		PromptTokens: m.PromptTokens, CompletionTokens: m.CompletionTokens, Cost: m.Cost})
 	return v
+}
+
+// threadViews are the messages of t's path shown as the page shows them,
+// each with its place among its versions.
+func (h *Handler) threadViews(userID uint, t chat.Thread) []views.ChatMessage {
+	out := make([]views.ChatMessage, 0, len(t.Path))
+	for _, m := range t.Path {
+		out = append(out, withVersion(h.messageView(userID, m), t, m))
+	}
+	return out
+}
+
+// withVersion adds m's place among its versions in t to v.
+func withVersion(v views.ChatMessage, t chat.Thread, m models.Message) views.ChatMessage {
+	ver := t.Version(m.ID)
+	v.Version, v.Versions, v.PrevID, v.NextID = ver.Index, ver.Count, ver.Prev, ver.Next
+	v.Group = "root"
+	if m.ParentID != nil {
+		v.Group = *m.ParentID
+	}
+	return v
+}
+
+// versionedView is message m as the page shows it, with its versions.
+func (h *Handler) versionedView(c *fiber.Ctx, userID uint, m models.Message) (views.ChatMessage, error) {
+	_, t, err := h.Chat.Thread(c.UserContext(), userID, m.ConversationID)
+	if err != nil {
+		return views.ChatMessage{}, err
+	}
+	return withVersion(h.messageView(userID, m), t, m), nil
 }

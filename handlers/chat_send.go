@@ -53,9 +53,8 @@ func (h *Handler) ChatSend(c *fiber.Ctx) error {
 	return h.renderExchange(c, sess, id, created)
 }
 
-// ChatRegenerate serves POST /c/{id}/regenerate: the last reply written
-// again (Regenerate, and Retry after an error). htmx gets the new reply,
-// which replaces the old one.
+// ChatRegenerate serves POST /c/{id}/regenerate: the last reply of the
+// path shown written again, as a new version. htmx gets the thread.
 func (h *Handler) ChatRegenerate(c *fiber.Ctx) error {
 	sess, err := h.session(c)
 	if err != nil {
@@ -65,18 +64,10 @@ func (h *Handler) ChatRegenerate(c *fiber.Ctx) error {
 	if err := h.switchModel(c, sess, id, c.FormValue("model")); err != nil {
 		return h.composerError(c, err)
 	}
-	sent, err := h.Chat.Regenerate(c.UserContext(), personOf(sess), id)
-	if err != nil {
+	if _, err := h.Chat.Regenerate(c.UserContext(), personOf(sess), id); err != nil {
 		return h.composerError(c, err)
 	}
-	if !isHTMX(c) {
-		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
-	}
-	m, err := h.Chat.Message(c.UserContext(), sess.UserID, id, sent.MessageID)
-	if err != nil {
-		return h.composerError(c, err) // deleted meanwhile
-	}
-	return render(c, http.StatusOK, views.MessageView(h.messageView(sess.UserID, *m)))
+	return h.renderThread(c, sess.UserID, id)
 }
 
 // switchModel makes model (the picker's choice, when sent) the one that
@@ -124,6 +115,8 @@ func (h *Handler) composerError(c *fiber.Ctx, err error) error {
 		msg = "Write a message first."
 	case errors.Is(err, chat.ErrBusy):
 		status, msg = http.StatusConflict, "An answer is still being written here: wait for it, or stop it."
+	case errors.Is(err, chat.ErrNotEditable), errors.Is(err, chat.ErrNotAnswer):
+		msg = "That message cannot be changed this way."
 	case errors.Is(err, chat.ErrNothingToRegenerate):
 		status, msg = http.StatusConflict, "There is no answer to write again."
 	case errors.Is(err, chat.ErrClosed):

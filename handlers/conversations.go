@@ -29,6 +29,8 @@ type conversationJSON struct {
 	Temperature  *float64             `json:"temperature"`
 	MaxTokens    *int                 `json:"max_tokens"`
 	Messages     []chat.ExportMessage `json:"messages,omitempty"`
+	// CurrentPath is the path shown, as message ids from the first.
+	CurrentPath []string `json:"current_path,omitempty"`
 }
 
 func conversationOf(c *models.Conversation) conversationJSON {
@@ -85,6 +87,12 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 		return apiErrorParam(c, http.StatusBadRequest, "Unknown cursor.", invalid, "invalid_request", "cursor")
 	case errors.Is(err, chat.ErrBadFormat):
 		return apiErrorParam(c, http.StatusBadRequest, "format must be md or json.", invalid, "invalid_request", "format")
+	case errors.Is(err, chat.ErrNotEditable):
+		return apiErrorParam(c, http.StatusBadRequest, "Only a person's message can be edited; regenerate an answer instead.", invalid, "invalid_request", "id")
+	case errors.Is(err, chat.ErrNotAnswer):
+		return apiErrorParam(c, http.StatusBadRequest, "Only an answer can be regenerated; edit a person's message instead.", invalid, "invalid_request", "id")
+	case errors.Is(err, chat.ErrNothingToRegenerate):
+		return apiError(c, http.StatusConflict, "There is no answer to write again.", invalid, "nothing_to_regenerate")
 	case errors.Is(err, chat.ErrBusy):
 		return apiError(c, http.StatusConflict, "A reply is still being written in this conversation; wait for it or stop it.",
 			"invalid_request_error", "conversation_busy")
@@ -150,15 +158,16 @@ func (h *Handler) Conversation(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	conv, msgs, err := h.Chat.Get(c.UserContext(), p.UserID, c.Params("id"))
+	conv, t, err := h.Chat.Thread(c.UserContext(), p.UserID, c.Params("id"))
 	if err != nil {
 		return h.chatError(c, err)
 	}
 	out := conversationOf(conv)
-	out.Messages = make([]chat.ExportMessage, 0, len(msgs))
-	for _, m := range msgs {
+	out.Messages = make([]chat.ExportMessage, 0, len(t.All))
+	for _, m := range t.All {
 		out.Messages = append(out.Messages, chat.ExportMessageOf(m))
 	}
+	out.CurrentPath = t.PathIDs()
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(out)
 }
@@ -251,5 +260,15 @@ func (h *Handler) SendMessage(c *fiber.Ctx) error {
 	if err != nil {
 		return h.chatError(c, err)
 	}
-	return c.Status(http.StatusAccepted).JSON(fiber.Map{"message_id": sent.MessageID, "inference_id": sent.InferenceID})
+	return sentJSON(c, sent)
+}
+
+// sentJSON answers a started reply: 202 with its message and inference ids
+// (and the person's new message's id, for a send or an edit).
+func sentJSON(c *fiber.Ctx, sent chat.Sent) error {
+	out := fiber.Map{"message_id": sent.MessageID, "inference_id": sent.InferenceID}
+	if sent.UserMessageID != "" {
+		out["user_message_id"] = sent.UserMessageID
+	}
+	return c.Status(http.StatusAccepted).JSON(out)
 }

@@ -43,6 +43,10 @@ type Conversation struct {
 	SystemPrompt string `gorm:"type:text"`
 	Temperature  *float64
 	MaxTokens    *int
+	// CurrentLeaf is the last message of the path shown (see
+	// internal/thread): "" means the newest message, as in a conversation
+	// stored before messages had versions.
+	CurrentLeaf string `gorm:"size:40"`
 	// UpdatedAt moves with every new message, so the list shows the
 	// conversations last used first.
 	CreatedAt time.Time
@@ -55,6 +59,9 @@ type Message struct {
 	// messages are read back in order whatever the clock's resolution.
 	ID             string `gorm:"primaryKey;size:40"`
 	ConversationID string `gorm:"size:40;not null;index"`
+	// ParentID is the message this one follows (nil for the first): a
+	// conversation is a tree whose siblings are versions (internal/thread).
+	ParentID *string `gorm:"size:40"`
 	Role           string `gorm:"size:16"`
 	Content        string `gorm:"type:text"`
 	Status         string `gorm:"size:16;index"`
@@ -270,10 +277,11 @@ func isOneStreamingViolation(err error) bool {
 	return strings.Contains(s, oneStreamingIndex) || strings.Contains(s, "UNIQUE constraint failed: messages.conversation_id")
 }
 
-// StartExchange stores a person's message and the assistant's streaming
-// reply in conversation c, in one transaction that fails with ErrBusy when
-// another reply is still streaming there (on any replica). The first
-// message names an untitled conversation (title).
+// StartExchange stores a person's message, after the last message of the
+// path shown, and the assistant's streaming reply to it in conversation c,
+// and shows them, in one transaction that fails with ErrBusy when another
+// reply is still streaming there (on any replica). The first message names
+// an untitled conversation (title).
 //
 // The transaction starts by touching the conversation, a plain write:
 // SQLite then takes its write lock first, waiting for it as long as
@@ -294,22 +302,22 @@ func StartExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, repl
 // same — nothing the person wrote is lost — the reply as an error with
 // rc.Refusal, and it returns ErrTooManyReplies.
 func StartExchangeWithin(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string, rc ReplyCap) error {
+	return startExchange(ctx, db, c, user, reply, title, rc, true)
+}
+
+// StartEdit is StartExchangeWithin for a new version of a person's
+// message: user.ParentID is already the edited message's parent, so the
+// new message is its sibling.
+func StartEdit(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, rc ReplyCap) error {
+	return startExchange(ctx, db, c, user, reply, "", rc, false)
+}
+
+func startExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string, rc ReplyCap, afterLeaf bool) error {
 	user.Sanitize()
 	reply.Sanitize()
 	refused := false
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("updated_at", time.Now().UTC()).Error; err != nil {
-			return fmt.Errorf("touch conversation: %w", err)
-		}
-		var n int64
-		if err := tx.Model(&Message{}).Where("conversation_id = ? AND status = ?", c.ID, MessageStreaming).
-			Count(&n).Error; err != nil {
-			return fmt.Errorf("check running replies: %w", err)
-		}
-		if n > 0 {
-			return ErrBusy
-		}
-		full, err := rc.reached(tx)
+		full, err := beginReply(tx, c.ID, rc)
 		if err != nil {
 			return err
 		}
@@ -317,6 +325,19 @@ func StartExchangeWithin(ctx context.Context, db *gorm.DB, c *Conversation, user
 			refused = true
 			reply.Status, reply.Reason, reply.Replica = MessageError, Storable(rc.Refusal, 200), ""
 		}
+		if afterLeaf {
+			// Read under the conversation's lock: a send on another
+			// replica that just finished is followed, not forked.
+			leaf, err := leafIn(tx, c.ID)
+			if err != nil {
+				return err
+			}
+			user.ParentID = nil
+			if leaf != "" {
+				user.ParentID = &leaf
+			}
+		}
+		reply.ParentID = &user.ID
 		if err := tx.Create(user).Error; err != nil {
 			return fmt.Errorf("store message: %w", err)
 		}
@@ -325,6 +346,9 @@ func StartExchangeWithin(ctx context.Context, db *gorm.DB, c *Conversation, user
 				return ErrBusy
 			}
 			return fmt.Errorf("store reply: %w", err)
+		}
+		if err := setLeaf(tx, c.ID, reply.ID); err != nil {
+			return err
 		}
 		if c.Title == "" && title != "" {
 			if err := tx.Model(&Conversation{}).Where("id = ?", c.ID).Update("title", Storable(title, 200)).Error; err != nil {

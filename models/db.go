@@ -124,6 +124,9 @@ func setPool(db *gorm.DB, driver string) error {
 // Migrate creates or updates every table, then the indexes AutoMigrate
 // cannot make (search.go).
 func Migrate(db *gorm.DB) error {
+	if err := addMessageParents(db); err != nil {
+		return err
+	}
 	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{},
 		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)

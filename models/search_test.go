@@ -74,14 +74,17 @@ func seedConversation(t testing.TB, db *gorm.DB, userID uint, title string, upda
 	if err := db.Create(c).Error; err != nil {
 		t.Fatal(err)
 	}
+	var parent *string
 	for i, text := range texts {
 		role := RoleUser
 		if i%2 == 1 {
 			role = RoleAssistant
 		}
-		if err := db.Create(&Message{ID: NewMessageID(), ConversationID: c.ID, Role: role, Content: text, Status: MessageDone}).Error; err != nil {
+		m := &Message{ID: NewMessageID(), ConversationID: c.ID, ParentID: parent, Role: role, Content: text, Status: MessageDone}
+		if err := db.Create(m).Error; err != nil {
 			t.Fatal(err)
 		}
+		parent = &m.ID
 	}
 	return c
 }

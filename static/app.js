@@ -82,8 +82,9 @@ function showError(text) {
   el.hidden = !text;
 }
 
-// sync makes the page agree with its messages: Send or Stop, and
-// Regenerate on the last reply only, when nothing streams.
+// sync makes the page agree with its messages: Send or Stop, and no
+// Regenerate, Edit or version switch while an answer streams (one answer
+// at a time per conversation).
 function sync() {
   const button = sendButton();
   if (!button) return;
@@ -92,11 +93,7 @@ function sync() {
   button.type = streaming ? 'button' : 'submit';
   button.classList.toggle('stop', !!streaming);
   button.disabled = !!streaming?.dataset.stopping;
-  const replies = thread()?.querySelectorAll('article[data-role="assistant"]') || [];
-  replies.forEach((article, i) => {
-    const regenerate = article.querySelector('.regenerate');
-    if (regenerate) regenerate.hidden = !!streaming || i !== replies.length - 1;
-  });
+  thread()?.querySelectorAll('.regenerate, .edit, .versions').forEach((b) => { b.hidden = !!streaming; });
 }
 
 // finishReply shows a reply as ended once its done event replaced its

@@ -56,6 +56,13 @@ type ChatMessage struct {
 	// events from Seq. A streaming reply that is not live runs on another
 	// replica: the page reloads its saved text every second.
 	Live bool
+	// Version of Versions is its place among its versions (edits of a
+	// person's message, regenerated answers); PrevID and NextID are the
+	// versions either side. Group names the set (its parent), stable
+	// while switching, for the arrows' ids.
+	Version, Versions int
+	PrevID, NextID    string
+	Group             string
 }
 
 // HistoryPage is /history: the person's conversations, searched.
@@ -83,6 +90,11 @@ func ConversationURL(id string) string { return "/c/" + url.PathEscape(id) }
 
 func messageURL(m ChatMessage) string {
 	return fmt.Sprintf("/c/%s/m/%s", url.PathEscape(m.ConversationID), url.PathEscape(m.ID))
+}
+
+// messageActionURL is the page's endpoint of an action on message id.
+func messageActionURL(m ChatMessage, id, action string) string {
+	return fmt.Sprintf("/c/%s/m/%s/%s", url.PathEscape(m.ConversationID), url.PathEscape(id), action)
 }
 
 func eventsURL(m ChatMessage) string {

@@ -86,6 +86,10 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	api.Delete("/v1/conversations/:id", h.DeleteConversation)
 	api.Get("/v1/conversations/:id/export", h.ExportConversation)
 	api.Post("/v1/conversations/:id/messages", h.SendMessage)
+	api.Post("/v1/messages/:id/edit", h.EditMessage)
+	api.Post("/v1/messages/:id/regenerate", h.RegenerateMessage)
+	api.Post("/v1/messages/:id/show", h.ShowMessage)
+	api.Delete("/v1/messages/:id", h.DeleteMessage)
 	api.Get("/v1/generations/:id/events", h.GenerationEvents)
 
 	// The chat's pages; the guard goes on each route, as a group without a
@@ -95,6 +99,10 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Get("/c/:id", page, h.ChatConversation)
 	app.Get("/c/:id/m/:mid", page, h.ChatMessage)
 	app.Post("/c/:id/regenerate", page, h.ChatRegenerate)
+	app.Post("/c/:id/m/:mid/show", page, h.ChatShowVersion)
+	app.Get("/c/:id/m/:mid/edit", page, h.ChatEditForm)
+	app.Post("/c/:id/m/:mid/edit", page, h.ChatEdit)
+	app.Post("/c/:id/m/:mid/regenerate", page, h.ChatRegenerateMessage)
 	app.Post("/c/:id/rename", page, h.RenameConversationPage)
 	app.Get("/c/:id/settings", page, h.ChatSettings)
 	app.Post("/c/:id/settings", page, h.ChatSaveSettings)

@@ -82,12 +82,14 @@ func (p *chatter) send(conv, content string) sent {
 
 type apiMessage struct {
 	ID, Role, Content, Status, Reason string
-	InferenceID                       string `json:"inference_id"`
+	InferenceID                       string  `json:"inference_id"`
+	ParentID                          *string `json:"parent_id"`
 }
 
 type apiConversation struct {
 	ID, Title, Model string
 	Messages         []apiMessage
+	CurrentPath      []string `json:"current_path"`
 }
 
 func (p *chatter) conversation(id string) apiConversation {

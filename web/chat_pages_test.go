@@ -298,14 +298,15 @@ func TestChatHistoryPage(t *testing.T) {
 		t.Errorf("long title: %d", got.status)
 	}
 
-	// Regenerate: the last reply replaced by a new one, with a new id.
+	// Regenerate: a new version of the last reply, shown; the first kept.
 	got = p.form("/c/"+conv+"/regenerate", url.Values{"model": {"m1"}}, true)
-	if got.status != http.StatusOK || !strings.Contains(got.body, `data-role="assistant"`) {
+	if got.status != http.StatusOK || !strings.Contains(got.body, `data-role="assistant"`) || !strings.Contains(got.body, "2 / 2") {
 		t.Fatalf("regenerate: %d %s", got.status, got.body)
 	}
 	again := p.reply(conv)
-	if c := p.conversation(conv); len(c.Messages) != 2 || again.ID == first.ID || again.InferenceID == first.InferenceID {
-		t.Errorf("after regenerate: %+v", c.Messages)
+	if c := p.conversation(conv); len(c.Messages) != 3 || again.ID == first.ID || again.InferenceID == first.InferenceID ||
+		len(c.CurrentPath) != 2 || c.CurrentPath[1] != again.ID || c.Messages[1].ID != first.ID {
+		t.Errorf("after regenerate: %+v (path %v)", c.Messages, c.CurrentPath)
 	}
 
 	got = p.form("/c/"+conv+"/delete", url.Values{"q": {""}}, false)

@@ -314,8 +314,9 @@ func (s *Service) Close() {
 
 // Sent is what Send started.
 type Sent struct {
-	MessageID   string // the assistant's reply
-	InferenceID string
+	MessageID     string // the assistant's reply
+	InferenceID   string
+	UserMessageID string // the person's message, for a send or an edit
 }
 
 // Send adds the person's message to conversation id and starts the
@@ -335,9 +336,13 @@ func (s *Service) Send(ctx context.Context, p Person, id, content string) (Sent,
 	}
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleUser,
 		Content: content, Status: models.MessageDone}
-	return s.start(ctx, p, conv, func(reply *models.Message) error {
+	sent, err := s.start(ctx, p, conv, func(reply *models.Message) error {
 		return models.StartExchangeWithin(ctx, s.o.DB, conv, user, reply, titleOf(content), s.replyCap(p))
 	})
+	if sent.MessageID != "" {
+		sent.UserMessageID = user.ID
+	}
+	return sent, err
 }
 
 // titleOf names a conversation after its first message: the first

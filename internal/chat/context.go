@@ -19,8 +19,9 @@ type wireMessage struct {
 }
 
 // requestBody builds the generation's request from the conversation: its
-// system prompt, then its earlier messages (the person's, and the
-// assistant's that finished or were stopped) up to the reply, trimmed from
+// system prompt, then the messages of the path that leads to the reply (the
+// person's, and the assistant's that finished or were stopped: exactly
+// what the page shows above it, no other version), trimmed from
 // the oldest to fit ContextTokens (the system prompt and the newest message
 // always go), with its temperature and maximum answer length when set.
 func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, replyID string, extra map[string]any) ([]byte, error) {
@@ -28,8 +29,14 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 	if err != nil {
 		return nil, err
 	}
+	byID := make(map[string]*models.Message, len(msgs))
+	for i := range msgs {
+		byID[msgs[i].ID] = &msgs[i]
+	}
+	path := models.TreeOf(msgs).Path(replyID)
 	var history []wireMessage
-	for _, m := range msgs {
+	for _, id := range path {
+		m := byID[id]
 		if m.ID == replyID {
 			break
 		}

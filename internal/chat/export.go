@@ -23,7 +23,10 @@ type Export struct {
 
 // ExportMessage is one message in a JSON export (and in the API).
 type ExportMessage struct {
-	ID          string    `json:"id"`
+	ID string `json:"id"`
+	// ParentID is the message it follows (null for a first message):
+	// siblings are versions of one another.
+	ParentID    *string   `json:"parent_id"`
 	Role        string    `json:"role"`
 	Content     string    `json:"content"`
 	Status      string    `json:"status"`
@@ -32,7 +35,9 @@ type ExportMessage struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// Export returns the person's conversation id as Markdown ("md") or JSON.
+// Export returns the person's conversation id as Markdown ("md": the path
+// shown, as the page shows it) or JSON (every version, with each message's
+// parent and the path shown as current_path).
 func (s *Service) Export(ctx context.Context, userID uint, id, format string) (Export, error) {
 	if format == "" {
 		format = "md"
@@ -40,19 +45,21 @@ func (s *Service) Export(ctx context.Context, userID uint, id, format string) (E
 	if format != "md" && format != "json" {
 		return Export{}, ErrBadFormat
 	}
-	conv, msgs, err := s.Get(ctx, userID, id)
+	conv, t, err := s.Thread(ctx, userID, id)
 	if err != nil {
 		return Export{}, err
 	}
 	if format == "json" {
 		out := struct {
-			ID        string          `json:"id"`
-			Title     string          `json:"title"`
-			Model     string          `json:"model"`
-			CreatedAt time.Time       `json:"created_at"`
-			Messages  []ExportMessage `json:"messages"`
-		}{ID: conv.ID, Title: conv.Title, Model: conv.Model, CreatedAt: conv.CreatedAt, Messages: []ExportMessage{}}
-		for _, m := range msgs {
+			ID          string          `json:"id"`
+			Title       string          `json:"title"`
+			Model       string          `json:"model"`
+			CreatedAt   time.Time       `json:"created_at"`
+			Messages    []ExportMessage `json:"messages"`
+			CurrentPath []string        `json:"current_path"`
+		}{ID: conv.ID, Title: conv.Title, Model: conv.Model, CreatedAt: conv.CreatedAt, Messages: []ExportMessage{},
+			CurrentPath: t.PathIDs()}
+		for _, m := range t.All {
 			out.Messages = append(out.Messages, ExportMessageOf(m))
 		}
 		b, err := json.MarshalIndent(out, "", "  ")
@@ -67,7 +74,7 @@ func (s *Service) Export(ctx context.Context, userID uint, id, format string) (E
 		title = "Conversation"
 	}
 	fmt.Fprintf(&b, "# %s\n\nModel: %s\n", title, conv.Model)
-	for _, m := range msgs {
+	for _, m := range t.Path {
 		who := "You"
 		if m.Role != models.RoleUser {
 			who = "Assistant"
@@ -86,7 +93,7 @@ func (s *Service) Export(ctx context.Context, userID uint, id, format string) (E
 
 // ExportMessageOf is m as the API and exports show it.
 func ExportMessageOf(m models.Message) ExportMessage {
-	e := ExportMessage{ID: m.ID, Role: m.Role, Content: m.Content, Status: m.Status, Reason: m.Reason, CreatedAt: m.CreatedAt}
+	e := ExportMessage{ID: m.ID, ParentID: m.ParentID, Role: m.Role, Content: m.Content, Status: m.Status, Reason: m.Reason, CreatedAt: m.CreatedAt}
 	if m.InferenceID != nil {
 		e.InferenceID = *m.InferenceID
 	}

@@ -9,26 +9,6 @@ import (
 	"moonji/models"
 )
 
-// ErrNothingToRegenerate means a conversation has no reply to write again.
-var ErrNothingToRegenerate = errors.New("no reply to regenerate")
-
-// Regenerate writes the last reply of conversation id again, from the same
-// messages: the page's Regenerate, and its Retry after an error. The old
-// reply is replaced (its usage row stays in the ledger).
-func (s *Service) Regenerate(ctx context.Context, p Person, id string) (Sent, error) {
-	conv, err := models.ConversationOf(ctx, s.o.DB, p.UserID, id)
-	if err != nil {
-		return Sent{}, err
-	}
-	return s.start(ctx, p, conv, func(reply *models.Message) error {
-		err := models.ReplaceLastReply(ctx, s.o.DB, conv, reply, s.replyCap(p))
-		if errors.Is(err, models.ErrNoReply) {
-			return ErrNothingToRegenerate
-		}
-		return err
-	})
-}
-
 // SetModel switches the model that writes the next replies of the person's
 // conversation id.
 func (s *Service) SetModel(ctx context.Context, userID uint, id, model string) error {
