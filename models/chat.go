@@ -62,11 +62,11 @@ type Message struct {
 	// ParentID is the message this one follows (nil for the first): a
 	// conversation is a tree whose siblings are versions (internal/thread).
 	ParentID *string `gorm:"size:40"`
-	Role           string `gorm:"size:16"`
-	Content        string `gorm:"type:text"`
-	Status         string `gorm:"size:16;index"`
-	Reason         string `gorm:"size:200"`
-	Model          string `gorm:"size:200"`
+	Role     string  `gorm:"size:16"`
+	Content  string  `gorm:"type:text"`
+	Status   string  `gorm:"size:16;index"`
+	Reason   string  `gorm:"size:200"`
+	Model    string  `gorm:"size:200"`
 	// InferenceID is the generation's id (and its usage row's); nil for a
 	// person's message, so that the unique index holds only real ids.
 	InferenceID      *string `gorm:"size:40;uniqueIndex"`

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"moonji/internal/testdb"
 	"os"
 	"slices"
 	"strings"
@@ -13,6 +12,8 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"moonji/internal/testdb"
 
 	"gorm.io/gorm"
 )
