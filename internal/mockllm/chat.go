@@ -155,7 +155,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 
 	g := s.newGen(rec, k, model)
 	g.id = newID("chatcmpl-")
-	g.tokens, g.finish = s.answerTokens(lastUserText(msgs), l)
+	g.tokens, g.finish = s.answerTokens(contextOrPrompt(msgs), l)
 	g.choices = choices
 	g.promptTokens = prompt
 	if rec.Stream {
@@ -385,6 +385,29 @@ func messageText(c gjson.Result) string {
 		return true
 	})
 	return strings.Join(parts, "\n")
+}
+
+// ContextCommand is a last message the mock answers with the messages it
+// received before it, "role: content" each, in paragraphs: browser tests
+// read on the page exactly what the engine was sent.
+const ContextCommand = "/context"
+
+// contextOrPrompt is the prompt that picks the answer: the last user
+// message, or for ContextCommand an echo of the messages before it.
+func contextOrPrompt(msgs gjson.Result) string {
+	last := lastUserText(msgs)
+	if strings.TrimSpace(last) != ContextCommand {
+		return last
+	}
+	var lines []string
+	all := msgs.Array()
+	for _, m := range all[:max(0, len(all)-1)] {
+		lines = append(lines, m.Get("role").String()+": "+messageText(m.Get("content")))
+	}
+	if len(lines) == 0 {
+		lines = []string{"(nothing before)"}
+	}
+	return EchoPrefix + strings.Join(lines, "\n\n")
 }
 
 // lastUserText is the content of the last user message, which picks the story.

@@ -703,6 +703,17 @@ func TestEchoAnswersTheMessage(t *testing.T) {
 	}
 }
 
+// ContextCommand answers with what the engine received before it.
+func TestContextCommandEchoesTheMessagesReceived(t *testing.T) {
+	_, ts := start(t, Options{})
+	status, _, got := do(t, ts.URL, `{"model":"mock","messages":[{"role":"system","content":"Be brief."},`+
+		`{"role":"user","content":"one"},{"role":"assistant","content":"two"},{"role":"user","content":"/context"}]}`)
+	want := `system: Be brief.\n\nuser: one\n\nassistant: two` // as JSON escapes it
+	if status != http.StatusOK || !strings.Contains(got, `"content":"`+want+`"`) {
+		t.Fatalf("status %d: %s, want the content %q", status, got, want)
+	}
+}
+
 // n > 1 streams as vLLM does: a role chunk per choice, then each token as
 // one chunk per choice, then each choice's finish; usage sums the choices.
 func TestStreamSeveralChoices(t *testing.T) {

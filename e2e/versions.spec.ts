@@ -1,0 +1,112 @@
+import { test, expect, type Page } from '@playwright/test';
+import AxeBuilder from '@axe-core/playwright';
+import { signIn } from './helpers';
+
+// Versions of messages: Edit and Regenerate add a version instead of
+// replacing, arrows switch the path shown, and the engine receives exactly
+// the path shown. The demo engine answers "/context" with the messages it
+// received before it (internal/mockllm ContextCommand), so the page itself
+// shows what the engine was sent.
+
+const replies = (page: Page) => page.locator('article[data-role="assistant"]');
+const lastReply = (page: Page) => replies(page).last();
+const mine = (page: Page) => page.locator('article[data-role="user"]');
+
+async function send(page: Page, text: string, model?: string) {
+  if (model) await page.getByLabel('Model').selectOption(model);
+  await page.getByRole('textbox', { name: 'Message' }).fill(text);
+  await page.getByRole('textbox', { name: 'Message' }).press('Enter');
+}
+
+async function answered(page: Page, count: number) {
+  await expect(replies(page)).toHaveCount(count);
+  await expect(lastReply(page)).toHaveAttribute('data-status', /done|stopped/);
+}
+
+test.beforeEach(async ({ page }) => {
+  await signIn(page);
+});
+
+test('edit and regenerate add versions; the arrows switch the path shown; the engine receives only that path', async ({ page }) => {
+  await send(page, 'Alpha question', 'moonji-demo');
+  await answered(page, 1);
+  await send(page, 'Beta question');
+  await answered(page, 2);
+
+  // Edit the first message: the conversation after it is another branch.
+  await mine(page).first().getByRole('button', { name: 'Edit' }).click();
+  const box = page.getByRole('textbox', { name: 'Edited message' });
+  await expect(box).toHaveValue('Alpha question');
+  await box.fill('Alpha, edited');
+  await page.getByRole('button', { name: 'Save and send' }).click();
+  await answered(page, 1);
+  await expect(mine(page)).toHaveCount(1);
+  await expect(mine(page).first().locator('.text')).toHaveText('Alpha, edited');
+  await expect(mine(page).first().locator('.version-count')).toHaveText('2 / 2');
+
+  // The engine is sent the edited branch, nothing of the other.
+  await send(page, '/context');
+  await answered(page, 2);
+  const context = await lastReply(page).locator('.answer').innerText();
+  expect(context).toContain('user: Alpha, edited');
+  expect(context).not.toContain('Alpha question');
+  expect(context).not.toContain('Beta question');
+
+  // Regenerate that answer: a second version beside it.
+  const before = await lastReply(page).locator('.answer').innerText();
+  await lastReply(page).getByRole('button', { name: 'Regenerate' }).click();
+  await answered(page, 2);
+  await expect(lastReply(page).locator('.version-count')).toHaveText('2 / 2');
+  await expect(lastReply(page).locator('.answer')).toContainText('user: Alpha, edited');
+
+  for (const [name, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
+    await page.setViewportSize({ width, height: 800 });
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.screenshot({ path: `test-results/screenshots/chat-versions-${name}.png` });
+    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help}`), `versions in ${name}`).toEqual([]);
+    if (name === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways).toBeLessThanOrEqual(0);
+    }
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+
+  // By keyboard: the previous version of the answer, then of the first
+  // message, which brings back the conversation that followed it.
+  await lastReply(page).getByRole('button', { name: 'Previous version' }).focus();
+  await page.keyboard.press('Enter');
+  await expect(lastReply(page).locator('.version-count')).toHaveText('1 / 2');
+  await expect(lastReply(page).locator('.answer')).toHaveText(before);
+  await mine(page).first().getByRole('button', { name: 'Previous version' }).focus();
+  await page.keyboard.press('Enter');
+  await expect(mine(page)).toHaveCount(2);
+  await expect(mine(page).first().locator('.text')).toHaveText('Alpha question');
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Beta question');
+  await expect(mine(page).first().locator('.version-count')).toHaveText('1 / 2');
+
+  // A reload shows the same path; the next message follows it.
+  await page.reload();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Beta question');
+  await send(page, '/context');
+  await answered(page, 3);
+  const second = await lastReply(page).locator('.answer').innerText();
+  expect(second).toContain('user: Alpha question');
+  expect(second).toContain('user: Beta question');
+  expect(second).not.toContain('edited');
+});
+
+test('Stop, then send at once: the stopped answer stays, and goes to the engine exactly as shown', async ({ page }) => {
+  await send(page, 'Tell me a long story about the sea', 'moonji-slow');
+  await expect(lastReply(page)).toHaveAttribute('data-status', 'streaming');
+  await expect.poll(async () => (await lastReply(page).locator('.answer').innerText()).split(/\s+/).length).toBeGreaterThan(3);
+  await page.getByRole('button', { name: 'Stop' }).click();
+  await expect(lastReply(page)).toHaveAttribute('data-status', 'stopped');
+  const shown = (await lastReply(page).locator('.answer').innerText()).trim();
+  await send(page, '/context', 'moonji-demo');
+  await answered(page, 2);
+  await expect(replies(page).first()).toHaveAttribute('data-status', 'stopped');
+  const context = await lastReply(page).locator('.answer').innerText();
+  expect(context).toContain('user: Tell me a long story about the sea');
+  expect(context).toContain(`assistant: ${shown}`);
+});
