@@ -54,8 +54,11 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
 
   // Regenerate that answer: a second version beside it.
   const before = await lastReply(page).locator('.answer').innerText();
+  const beforeID = (await lastReply(page).getAttribute('id')) || '';
   await lastReply(page).getByRole('button', { name: 'Regenerate' }).click();
+  await expect(lastReply(page)).not.toHaveId(beforeID);
   await answered(page, 2);
+  await expect(lastReply(page).locator('.versions')).toBeVisible();
   await expect(lastReply(page).locator('.version-count')).toHaveText('2 / 2');
   await expect(lastReply(page).locator('.answer')).toContainText('user: Alpha, edited');
 
