@@ -29,7 +29,7 @@ func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 	now := time.Now()
 	rng, w := dashboardWindow(c.Query("range"), range24h, now)
 	ctx := c.UserContext()
-	d := views.AdminDashboard{Page: pageFor("Dashboard", sess), Backends: h.backendsView(now)}
+	d := views.AdminDashboard{Page: dashboardPageFor("Dashboard", sess), Backends: h.backendsView(now)}
 
 	points, err := models.UsageOverTime(ctx, h.DB, w, 0)
 	if err != nil {

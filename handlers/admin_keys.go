@@ -23,7 +23,7 @@ func (h *Handler) AdminKeys(c *fiber.Ctx) error {
 	}
 	filter, ok := readFilter(c.Query("owner"))
 	if !ok {
-		d := views.KeysPage{Page: pageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Error: filterTooLong}
+		d := views.KeysPage{Page: dashboardPageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Error: filterTooLong}
 		return render(c, http.StatusBadRequest, views.AdminKeys(d))
 	}
 	d, err := h.adminKeysPage(c, sess, filter)
@@ -41,7 +41,7 @@ func (h *Handler) AdminKeys(c *fiber.Ctx) error {
 
 // adminKeysPage is everyone's keys whose owner's email contains filter.
 func (h *Handler) adminKeysPage(c *fiber.Ctx, sess *models.Session, filter string) (views.KeysPage, error) {
-	d := views.KeysPage{Page: pageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Filter: filter}
+	d := views.KeysPage{Page: dashboardPageFor("All API keys", sess), All: true, Limit: adminKeysLimit, Filter: filter}
 	keys, more, err := models.ListAllAPIKeys(c.UserContext(), h.DB, filter, adminKeysLimit)
 	if err != nil {
 		return d, err

@@ -50,7 +50,7 @@ func (h *Handler) AdminPeople(c *fiber.Ctx) error {
 	}
 	filter, ok := readFilter(c.Query("email"))
 	if !ok {
-		d := views.PeoplePage{Page: pageFor("People", sess), Limit: peopleLimit, Error: filterTooLong}
+		d := views.PeoplePage{Page: dashboardPageFor("People", sess), Limit: peopleLimit, Error: filterTooLong}
 		return render(c, http.StatusBadRequest, views.People(d))
 	}
 	d, err := h.peoplePage(c, sess, filter)
@@ -70,7 +70,7 @@ func (h *Handler) AdminPeople(c *fiber.Ctx) error {
 
 // peoplePage is the list of people whose email contains filter.
 func (h *Handler) peoplePage(c *fiber.Ctx, sess *models.Session, filter string) (views.PeoplePage, error) {
-	d := views.PeoplePage{Page: pageFor("People", sess), Limit: peopleLimit, Filter: filter}
+	d := views.PeoplePage{Page: dashboardPageFor("People", sess), Limit: peopleLimit, Filter: filter}
 	people, more, err := models.ListPeople(c.UserContext(), h.DB, filter, peopleLimit, time.Now())
 	if err != nil {
 		return d, err

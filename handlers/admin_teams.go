@@ -48,7 +48,7 @@ func (h *Handler) AdminTeams(c *fiber.Ctx) error {
 }
 
 func (h *Handler) teamsPage(c *fiber.Ctx, sess *models.Session) (views.TeamsPage, error) {
-	d := views.TeamsPage{Page: pageFor("Teams", sess), Currency: h.Currency, KnownModels: h.Gateway.Models()}
+	d := views.TeamsPage{Page: dashboardPageFor("Teams", sess), Currency: h.Currency, KnownModels: h.Gateway.Models()}
 	teams, err := models.ListTeams(c.UserContext(), h.DB)
 	if err != nil {
 		return d, err
@@ -148,7 +148,7 @@ func (h *Handler) teamPage(c *fiber.Ctx, sess *models.Session) (views.TeamPage, 
 	if err != nil {
 		return views.TeamPage{}, err
 	}
-	d := views.TeamPage{Page: pageFor("Team "+t.Name, sess), ID: t.ID, Name: t.Name, Currency: h.Currency,
+	d := views.TeamPage{Page: dashboardPageFor("Team "+t.Name, sess), ID: t.ID, Name: t.Name, Currency: h.Currency,
 		Models: strings.ReplaceAll(t.Models, ",", ", "), MemberLimit: teamMembersLimit, KnownModels: h.Gateway.Models()}
 	if t.Budget != nil {
 		d.Budget = views.BudgetForm{Amount: views.AmountInput(*t.Budget), Period: t.BudgetPeriod}

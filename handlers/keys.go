@@ -176,7 +176,7 @@ func (h *Handler) keysPage(c *fiber.Ctx, sess *models.Session) (views.KeysPage, 
 	if err != nil {
 		return views.KeysPage{}, err
 	}
-	d := views.KeysPage{Page: pageFor("API keys", sess)}
+	d := views.KeysPage{Page: dashboardPageFor("API keys", sess)}
 	now := time.Now()
 	for i := range keys {
 		d.Keys = append(d.Keys, h.viewKey(&keys[i], now))

@@ -35,6 +35,14 @@ func pageFor(title string, sess *models.Session) views.Page {
 	return p
 }
 
+// dashboardPageFor is pageFor for the pages of numbers, tables and charts
+// (usage, keys, the admin's), which load dashboard.css; the chat does not.
+func dashboardPageFor(title string, sess *models.Session) views.Page {
+	p := pageFor(title, sess)
+	p.Dashboard = true
+	return p
+}
+
 // message renders a page with a sentence and a way on, for the request's session.
 func (h *Handler) message(c *fiber.Ctx, status int, title, text, linkText, link string) error {
 	var sess *models.Session

@@ -58,7 +58,7 @@ func (h *Handler) Usage(c *fiber.Ctx) error {
 	if err != nil {
 		return fmt.Errorf("usage page chat: %w", err)
 	}
-	d := views.UsagePage{Page: pageFor("Usage", sess), Usage: usageView(points, w, rng, "/usage")}
+	d := views.UsagePage{Page: dashboardPageFor("Usage", sess), Usage: usageView(points, w, rng, "/usage")}
 	d.Usage.Currency = h.Currency
 	if len(keys) > usageKeysLimit {
 		keys, d.KeysCapped = keys[:usageKeysLimit], true

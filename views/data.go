@@ -19,6 +19,9 @@ type Page struct {
 	CSRF string
 	// Wide pages (the chat) use the whole window instead of a column.
 	Wide bool
+	// Dashboard pages (usage, keys, admin) load dashboard.css; the chat
+	// and the others do without it.
+	Dashboard bool
 }
 
 // User is the signed-in person as pages show them.

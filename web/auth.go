@@ -8,15 +8,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
-	"github.com/gofiber/fiber/v2/middleware/filesystem"
 
 	"moonji/handlers"
 	"moonji/internal/auth"
 	"moonji/internal/clientip"
 	"moonji/internal/devidp"
-	"moonji/internal/markdown"
 	"moonji/static"
 )
 
@@ -65,13 +62,12 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 		return err
 	}
 
-	mdCSS := markdown.CSS()
-	app.Get("/static/markdown.css", func(c *fiber.Ctx) error {
-		c.Set(fiber.HeaderContentType, "text/css; charset=utf-8")
-		c.Set(fiber.HeaderCacheControl, "public, max-age=300")
-		return c.SendString(mdCSS)
-	})
-	app.Use("/static", filesystem.New(filesystem.Config{Root: http.FS(static.FS), MaxAge: 300}))
+	// Hashed and compressed here, once, so that no request waits for it.
+	assetSet, err := static.Assets()
+	if err != nil {
+		return err
+	}
+	app.Get(static.Prefix+"*", serveAssets(assetSet))
 	app.Get("/", h.Home)
 	app.Get("/login", h.Login)
 	app.Get(auth.CallbackPath, h.Callback)

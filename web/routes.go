@@ -22,8 +22,8 @@ const smallBodyLimit = 64 << 10
 // routes mounts every endpoint. Fiber runs handlers in the order they are
 // mounted, which matters here: CORS comes first on /v1, then the chat
 // endpoint, which reads its own body after checking the key, then
-// smallBodies, which every later route (including those setupAuth mounts)
-// goes through.
+// compression and smallBodies, which every later route (including those
+// setupAuth mounts) goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
 	// A handler's panic fails its request alone (a 500, in OpenAI's shape
@@ -39,6 +39,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Post("/embeddings", h.Inference(proxy.APIEmbeddings, s.Config.MaxBodyBytes))
 	v1.Post("/responses", h.Inference(proxy.APIResponses, s.Config.MaxBodyBytes))
 
+	// Pages, /api and the rest go compressed to browsers that take it;
+	// never /v1 (see compressResponses).
+	app.Use(compressResponses)
 	app.Use(smallBodies(smallBodyLimit))
 	app.Get("/healthz", func(c *fiber.Ctx) error { return c.SendString("ok") })
 	app.Get("/readyz", s.ready)
