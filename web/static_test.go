@@ -96,7 +96,8 @@ func conversationWithAnswers(e *testEnv, p *chatter) string {
 
 // Pages name every static file by a URL carrying its hash; the file is
 // there with a year-long immutable cache, its own bytes in every encoding;
-// another hash is a 404; the plain URL still answers, briefly cached.
+// another hash gets today's file and the plain URL still answers, both
+// briefly cached.
 func TestStaticAssetsHashed(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db")
 	p := e.chatter("hash@example.com")
@@ -161,11 +162,17 @@ func TestStaticAssetsHashed(t *testing.T) {
 			t.Errorf("/static/%s with its ETag: %d, want 304", name, resp.StatusCode)
 		}
 	}
-	// Another version's hash, or none of ours, is not found.
+	// Another version's hash (a page from a replica on another release,
+	// mid-deploy) gets today's file, briefly cached; a name of none of
+	// ours is not found.
 	app := static.URL("app.css")
+	other := strings.Replace(app, app[len("/static/app."):len("/static/app.")+10], "0123456789", 1)
+	if resp, body := rawGet(t, http.DefaultClient, e.URL+other, "identity"); resp.StatusCode != http.StatusOK ||
+		!bytes.Equal(body, want("app.css")) || resp.Header.Get("Cache-Control") != "public, max-age=300" {
+		t.Errorf("%s: %d, Cache-Control %q, want today's file briefly cached", other, resp.StatusCode, resp.Header.Get("Cache-Control"))
+	}
 	for _, u := range []string{
-		strings.Replace(app, app[len("/static/app."):len("/static/app.")+10], "0123456789", 1),
-		"/static/app.deadbeef.css", "/static/nothing.css", "/static/vendor/", "/static/../go.mod",
+		"/static/app.deadbeef.css", "/static/nothing.0123456789.css", "/static/nothing.css", "/static/vendor/", "/static/../go.mod",
 	} {
 		if resp, _ := rawGet(t, http.DefaultClient, e.URL+u, "gzip"); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("%s: %d, want 404", u, resp.StatusCode)

@@ -150,7 +150,34 @@ func (s *Set) Lookup(rel string) (a *Asset, hashed, ok bool) {
 	if a, ok := s.byName[rel]; ok {
 		return a, false, true
 	}
+	// Another version's hash: during a rolling deploy a page from one
+	// replica names files by hashes another does not have. Its current
+	// file, briefly cached, beats a page without styles or scripts.
+	if name, ok := unhashedName(rel); ok {
+		if a, ok := s.byName[name]; ok {
+			return a, false, true
+		}
+	}
 	return nil, false, false
+}
+
+// unhashedName undoes hashedName for any hash of the right shape.
+func unhashedName(rel string) (string, bool) {
+	dir, file := path.Split(rel)
+	ext := strings.LastIndexByte(file, '.')
+	if ext < 0 {
+		return "", false
+	}
+	dot := strings.LastIndexByte(file[:ext], '.')
+	if dot <= 0 || ext-dot-1 != hashLen {
+		return "", false
+	}
+	for _, r := range file[dot+1 : ext] {
+		if (r < '0' || r > '9') && (r < 'a' || r > 'f') {
+			return "", false
+		}
+	}
+	return dir + file[:dot] + file[ext:], true
 }
 
 // All lists the set's assets by name.

@@ -40,7 +40,11 @@ func TestURLAndLookup(t *testing.T) {
 	if a, hashed, ok := s.Lookup("app.css"); !ok || hashed || a.Name != "app.css" {
 		t.Fatalf("plain lookup: %v %v", hashed, ok)
 	}
-	for _, bad := range []string{"app.0123456789.css", "app." + a.Hash[:8] + ".css", "APP.css", "../app.css", "", "vendor/", "app.css/"} {
+	// Another release's hash: today's file, not as the hashed one.
+	if a, hashed, ok := s.Lookup("app.0123456789.css"); !ok || hashed || a.Name != "app.css" {
+		t.Fatalf("another hash's lookup: %v %v", hashed, ok)
+	}
+	for _, bad := range []string{"app.012345678g.css", "nothing.0123456789.css", "app." + a.Hash[:8] + ".css", "APP.css", "../app.css", "", "vendor/", "app.css/"} {
 		if _, _, ok := s.Lookup(bad); ok {
 			t.Errorf("%q found", bad)
 		}
