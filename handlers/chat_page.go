@@ -3,11 +3,13 @@ package handlers
 import (
 	"errors"
 	"net/http"
+	"slices"
 
 	"github.com/gofiber/fiber/v2"
 
 	"moonji/internal/chat"
 	"moonji/internal/gateway"
+	"moonji/internal/thread"
 	"moonji/models"
 	"moonji/views"
 )
@@ -50,7 +52,7 @@ func (h *Handler) ChatConversation(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	conv, t, err := h.Chat.Thread(c.UserContext(), sess.UserID, c.Params("id"))
+	conv, o, err := h.Chat.Outline(c.UserContext(), sess.UserID, c.Params("id"))
 	if errors.Is(err, chat.ErrNotFound) {
 		return h.message(c, http.StatusNotFound, "Not found", "There is no such conversation.", "New chat", "/")
 	}
@@ -66,8 +68,38 @@ func (h *Handler) ChatConversation(c *fiber.Ctx) error {
 		return err
 	}
 	d.Model = conv.Model
-	d.Messages = h.threadViews(sess.UserID, t)
+	if d.Thread, err = h.threadPage(c, sess.UserID, conv.ID, o, len(o.Path)); err != nil {
+		return err
+	}
 	return render(c, http.StatusOK, views.Chat(d))
+}
+
+// ChatEarlier serves GET /c/{id}/earlier?before={mid}: the messages of the
+// path shown before message mid, a page of them, under the button for
+// those before (when any are left).
+func (h *Handler) ChatEarlier(c *fiber.Ctx) error {
+	sess, err := h.session(c)
+	if err != nil {
+		return err
+	}
+	_, o, err := h.Chat.Outline(c.UserContext(), sess.UserID, c.Params("id"))
+	if errors.Is(err, chat.ErrNotFound) {
+		return c.SendStatus(http.StatusNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	end := slices.Index(o.Path, c.Query("before"))
+	if end < 0 {
+		// Not on the path shown any more (switched or deleted meanwhile):
+		// nothing to add; a reload shows the conversation as it is.
+		return c.SendStatus(http.StatusNotFound)
+	}
+	d, err := h.threadPage(c, sess.UserID, c.Params("id"), o, end)
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.EarlierMessages(d))
 }
 
 // ChatMessage serves GET /c/{id}/m/{mid}: one message, for a page that
@@ -152,19 +184,34 @@ func (h *Handler) messageView(userID uint, m models.Message) views.ChatMessage {
 	return v
 }
 
-// threadViews are the messages of t's path shown as the page shows them,
-// each with its place among its versions.
-func (h *Handler) threadViews(userID uint, t chat.Thread) []views.ChatMessage {
-	out := make([]views.ChatMessage, 0, len(t.Path))
-	for _, m := range t.Path {
-		out = append(out, withVersion(h.messageView(userID, m), t, m))
+// threadPageSize is how many messages of the path shown a page draws at
+// once (the last ones); "Show earlier messages" loads as many before them.
+// A first screen's worth: rendering an answer's Markdown costs
+// milliseconds, and a 500-message conversation would weigh megabytes.
+const threadPageSize = 30
+
+// threadPage is the part of o's path shown that ends before index end
+// (len(o.Path) for its end), as the page shows it, each message with its
+// place among its versions. Only those messages' texts are read.
+func (h *Handler) threadPage(c *fiber.Ctx, userID uint, conv string, o chat.Outline, end int) (views.ThreadData, error) {
+	start := max(0, end-threadPageSize)
+	msgs, err := h.Chat.Messages(c.UserContext(), conv, o.Path[start:end])
+	if err != nil {
+		return views.ThreadData{}, err
 	}
-	return out
+	d := views.ThreadData{Conversation: conv, Messages: make([]views.ChatMessage, 0, len(msgs))}
+	if start > 0 {
+		d.Earlier = o.Path[start]
+	}
+	for _, m := range msgs {
+		d.Messages = append(d.Messages, withVersion(h.messageView(userID, m), o.Tree, m))
+	}
+	return d, nil
 }
 
-// withVersion adds m's place among its versions in t to v.
-func withVersion(v views.ChatMessage, t chat.Thread, m models.Message) views.ChatMessage {
-	ver := t.Version(m.ID)
+// withVersion adds m's place among its versions in tree to v.
+func withVersion(v views.ChatMessage, tree *thread.Tree, m models.Message) views.ChatMessage {
+	ver := tree.VersionOf(m.ID)
 	v.Version, v.Versions, v.PrevID, v.NextID = ver.Index, ver.Count, ver.Prev, ver.Next
 	v.Group = "root"
 	if m.ParentID != nil {
@@ -175,9 +222,9 @@ func withVersion(v views.ChatMessage, t chat.Thread, m models.Message) views.Cha
 
 // versionedView is message m as the page shows it, with its versions.
 func (h *Handler) versionedView(c *fiber.Ctx, userID uint, m models.Message) (views.ChatMessage, error) {
-	_, t, err := h.Chat.Thread(c.UserContext(), userID, m.ConversationID)
+	_, o, err := h.Chat.Outline(c.UserContext(), userID, m.ConversationID)
 	if err != nil {
 		return views.ChatMessage{}, err
 	}
-	return withVersion(h.messageView(userID, m), t, m), nil
+	return withVersion(h.messageView(userID, m), o.Tree, m), nil
 }

@@ -98,11 +98,15 @@ func (h *Handler) renderThread(c *fiber.Ctx, userID uint, id string) error {
 	if !isHTMX(c) {
 		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
 	}
-	_, t, err := h.Chat.Thread(c.UserContext(), userID, id)
+	_, o, err := h.Chat.Outline(c.UserContext(), userID, id)
 	if err != nil {
 		return h.composerError(c, err)
 	}
-	return render(c, http.StatusOK, views.ThreadMessages(h.threadViews(userID, t)))
+	d, err := h.threadPage(c, userID, id, o, len(o.Path))
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.ThreadMessages(d))
 }
 
 // checkMessageIn makes sure message {mid} is in the person's conversation

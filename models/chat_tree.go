@@ -31,6 +31,31 @@ func TreeOf(msgs []Message) *thread.Tree {
 	return thread.New(nodes)
 }
 
+// ConversationOutline returns conversation id's messages with only their
+// id and parent, in order: the tree, without reading every text.
+func ConversationOutline(ctx context.Context, db *gorm.DB, id string) ([]Message, error) {
+	var out []Message
+	if err := db.WithContext(ctx).Select("id", "parent_id").Where("conversation_id = ?", id).Order("id").
+		Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("read the outline of conversation %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// MessagesIn returns the messages ids of conversation id, in id order.
+func MessagesIn(ctx context.Context, db *gorm.DB, id string, ids []string) ([]Message, error) {
+	out := make([]Message, 0, len(ids))
+	for start := 0; start < len(ids); start += 500 {
+		var batch []Message
+		if err := db.WithContext(ctx).Where("conversation_id = ? AND id IN ?", id, ids[start:min(start+500, len(ids))]).
+			Order("id").Find(&batch).Error; err != nil {
+			return nil, fmt.Errorf("read messages of conversation %s: %w", id, err)
+		}
+		out = append(out, batch...)
+	}
+	return out, nil
+}
+
 // leafIn returns the last message of conversation id's path shown, read in
 // tx: its CurrentLeaf when that message exists, else its newest message
 // ("" when it has none).

@@ -14,9 +14,19 @@ type ChatPage struct {
 	// Conversation is the open conversation's id; empty on a new chat.
 	Conversation string
 	// Model is the model the next reply is written by.
-	Model    string
-	Models   []string
-	Messages []ChatMessage
+	Model  string
+	Models []string
+	Thread ThreadData
+}
+
+// ThreadData is the part of the path shown a page draws: its last
+// messages, and Earlier (the first of them) when older ones are left for
+// the "Show earlier messages" button, so that a long conversation's page
+// stays light and quick.
+type ThreadData struct {
+	Conversation string
+	Earlier      string
+	Messages     []ChatMessage
 }
 
 // Sidebar lists the person's latest conversations.
@@ -95,6 +105,10 @@ func messageURL(m ChatMessage) string {
 // messageActionURL is the page's endpoint of an action on message id.
 func messageActionURL(m ChatMessage, id, action string) string {
 	return fmt.Sprintf("/c/%s/m/%s/%s", url.PathEscape(m.ConversationID), url.PathEscape(id), action)
+}
+
+func earlierURL(conv, before string) string {
+	return ConversationURL(conv) + "/earlier?before=" + url.QueryEscape(before)
 }
 
 func eventsURL(m ChatMessage) string {

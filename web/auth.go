@@ -95,6 +95,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Get("/c/:id", page, h.ChatConversation)
 	app.Get("/c/:id/m/:mid", page, h.ChatMessage)
 	app.Post("/c/:id/regenerate", page, h.ChatRegenerate)
+	app.Get("/c/:id/earlier", page, h.ChatEarlier)
 	app.Post("/c/:id/m/:mid/show", page, h.ChatShowVersion)
 	app.Get("/c/:id/m/:mid/edit", page, h.ChatEditForm)
 	app.Post("/c/:id/m/:mid/edit", page, h.ChatEdit)

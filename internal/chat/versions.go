@@ -63,6 +63,35 @@ func (s *Service) Thread(ctx context.Context, userID uint, id string) (*models.C
 	return conv, threadOf(conv, msgs), nil
 }
 
+// Outline is a conversation's tree without its texts: what a page needs
+// to pick the messages it draws, and their versions.
+type Outline struct {
+	Tree *thread.Tree
+	Path []string // the path shown, as ids from the first
+}
+
+// Outline returns the person's conversation id with its tree and the ids
+// of its path shown; Messages then reads the texts of those a page draws.
+func (s *Service) Outline(ctx context.Context, userID uint, id string) (*models.Conversation, Outline, error) {
+	conv, err := models.ConversationOf(ctx, s.o.DB, userID, id)
+	if err != nil {
+		return nil, Outline{}, err
+	}
+	nodes, err := models.ConversationOutline(ctx, s.o.DB, id)
+	if err != nil {
+		return nil, Outline{}, err
+	}
+	tree := models.TreeOf(nodes)
+	return conv, Outline{Tree: tree, Path: tree.Path(tree.Leaf(conv.CurrentLeaf))}, nil
+}
+
+// Messages returns messages ids of conversation conv (already checked to
+// be the person's, by Outline), in order; one deleted meanwhile is left
+// out.
+func (s *Service) Messages(ctx context.Context, conv string, ids []string) ([]models.Message, error) {
+	return models.MessagesIn(ctx, s.o.DB, conv, ids)
+}
+
 // Shown returns the person's conversation id with the messages of its path
 // shown, in order: what the page shows, what a share snapshots.
 func (s *Service) Shown(ctx context.Context, userID uint, id string) (*models.Conversation, []models.Message, error) {
