@@ -225,6 +225,9 @@ func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string
 		if err := tx.Where("conversation_id = ?", id).Delete(&Message{}).Error; err != nil {
 			return fmt.Errorf("delete messages of conversation %s: %w", id, err)
 		}
+		if err := tx.Where("conversation_id = ?", id).Delete(&Share{}).Error; err != nil {
+			return fmt.Errorf("delete shares of conversation %s: %w", id, err)
+		}
 		if err := tx.Where("id = ?", id).Delete(&Conversation{}).Error; err != nil {
 			return fmt.Errorf("delete conversation %s: %w", id, err)
 		}

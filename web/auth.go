@@ -105,6 +105,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Post("/c/:id/settings", page, h.ChatSaveSettings)
 	app.Post("/c/:id/delete", page, h.DeleteConversationPage)
 	app.Get("/history", page, h.History)
+	s.shareRoutes(h)
 
 	keys := app.Group("/keys", page)
 	keys.Get("", h.Keys)

@@ -94,6 +94,7 @@ type Config struct {
 	CORS           CORS     `yaml:"cors"`
 	Keys           Keys     `yaml:"keys"`
 	Chat           Chat     `yaml:"chat"`
+	Share          Share    `yaml:"share"`
 	Limits         Limits   `yaml:"limits"`
 	// Engine configures `moonji engine`; the gateway ignores it.
 	Engine Engine `yaml:"engine"`
@@ -127,6 +128,13 @@ type Chat struct {
 	// oldest are left out until the estimate fits. The newest message is
 	// always sent.
 	ContextTokens int `yaml:"context_tokens"`
+}
+
+// Share configures share links to conversations (internal/share).
+type Share struct {
+	// Public lets anyone with a link open it; false (the default) asks a
+	// signed-out visitor to sign in first.
+	Public bool `yaml:"public"`
 }
 
 // Limits bound what one person may hold of everyone's share (admins
