@@ -125,7 +125,7 @@ func setPool(db *gorm.DB, driver string) error {
 // cannot make (search.go).
 func Migrate(db *gorm.DB) error {
 	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{},
-		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}); err != nil {
+		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}, &Attachment{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
 	if err := dropUsageIndexes(db); err != nil {
