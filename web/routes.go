@@ -21,8 +21,8 @@ const smallBodyLimit = 64 << 10
 
 // routes mounts every endpoint. Fiber runs handlers in the order they are
 // mounted, which matters here: CORS comes first on /v1, then the chat
-// endpoint, which reads its own body after checking the key, then
-// smallBodies, which every later route (including those setupAuth mounts)
+// endpoint, which reads its own body after checking the key (and the
+// attachments' upload, after checking the session), then smallBodies, which every later route (including those setupAuth mounts)
 // goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
@@ -38,6 +38,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Post("/completions", h.Inference(proxy.APICompletions, s.Config.MaxBodyBytes))
 	v1.Post("/embeddings", h.Inference(proxy.APIEmbeddings, s.Config.MaxBodyBytes))
 	v1.Post("/responses", h.Inference(proxy.APIResponses, s.Config.MaxBodyBytes))
+	// An upload is larger than smallBodies allows: it authenticates itself
+	// and reads its own body, within the attachments' bound.
+	app.Post("/api/v1/attachments", h.UploadAttachment)
 
 	app.Use(smallBodies(smallBodyLimit))
 	app.Get("/healthz", func(c *fiber.Ctx) error { return c.SendString("ok") })

@@ -31,11 +31,14 @@ const ImageTokens = 1000
 
 // Tokens estimates what a's part costs in the prompt: a text file four
 // bytes a token (as the chat counts text), an image ImageTokens.
-func (a Attached) Tokens() int {
-	if a.Kind == KindImage {
+func (a Attached) Tokens() int { return TokensOf(a.Kind, int64(len(a.Data))) }
+
+// TokensOf is Tokens for an attachment of kind and size n.
+func TokensOf(kind string, n int64) int {
+	if kind == KindImage {
 		return ImageTokens
 	}
-	return len(a.Data)/4 + 8
+	return int(n/4) + 8
 }
 
 // Parts builds a user message's content from its text and attachments: the
