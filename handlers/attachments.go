@@ -17,6 +17,7 @@ import (
 	"moonji/internal/attachment"
 	"moonji/internal/chat"
 	"moonji/models"
+	"moonji/views"
 )
 
 // multipartOverhead is what an upload may carry beyond its file: the
@@ -249,4 +250,35 @@ func attachmentProblem(err error) (string, bool) {
 		return "Attachments are not enabled.", true
 	}
 	return "", false
+}
+
+// attachOptions configures the composer's Attach control for the models
+// the person may use.
+func (h *Handler) attachOptions(allowed []string) views.AttachOptions {
+	if h.Attachments == nil {
+		return views.AttachOptions{}
+	}
+	lim := h.Attachments.Limits()
+	o := views.AttachOptions{MaxBytes: lim.MaxBytes, MaxTextBytes: lim.TextLimit(), MaxFiles: lim.MaxPerMessage,
+		Accept: attachment.Accept(true)}
+	for _, m := range allowed {
+		if h.Attachments.Vision(m) {
+			o.Vision = append(o.Vision, m)
+		}
+	}
+	return o
+}
+
+// fillAttachments gives the messages of conversation id their files.
+func (h *Handler) fillAttachments(c *fiber.Ctx, id string, msgs []views.ChatMessage) error {
+	byMsg, err := h.Chat.AttachmentsOf(c.UserContext(), id)
+	if err != nil || len(byMsg) == 0 {
+		return err
+	}
+	for i := range msgs {
+		for _, a := range byMsg[msgs[i].ID] {
+			msgs[i].Attachments = append(msgs[i].Attachments, views.AttachmentView{ID: a.ID, Kind: a.Kind, Name: a.Name, Bytes: a.Bytes})
+		}
+	}
+	return nil
 }

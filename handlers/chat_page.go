@@ -69,6 +69,9 @@ func (h *Handler) ChatConversation(c *fiber.Ctx) error {
 	for _, m := range msgs {
 		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
 	}
+	if err := h.fillAttachments(c, conv.ID, d.Messages); err != nil {
+		return err
+	}
 	return render(c, http.StatusOK, views.Chat(d))
 }
 
@@ -105,7 +108,7 @@ func (h *Handler) chatPage(c *fiber.Ctx, sess *models.Session, title, current st
 	if err != nil {
 		return views.ChatPage{}, err
 	}
-	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed}, nil
+	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed, Attach: h.attachOptions(allowed)}, nil
 }
 
 // sidebar lists the person's latest conversations.

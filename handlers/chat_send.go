@@ -109,6 +109,9 @@ func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, 
 	for _, m := range msgs[max(0, len(msgs)-2):] {
 		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
 	}
+	if err := h.fillAttachments(c, id, d.Messages); err != nil {
+		return err
+	}
 	return render(c, http.StatusOK, views.Exchange(d))
 }
 

@@ -17,6 +17,8 @@ type ChatPage struct {
 	Model    string
 	Models   []string
 	Messages []ChatMessage
+	// Attach configures the composer's Attach control (attachments.templ).
+	Attach AttachOptions
 }
 
 // Sidebar lists the person's latest conversations.
@@ -56,6 +58,8 @@ type ChatMessage struct {
 	// events from Seq. A streaming reply that is not live runs on another
 	// replica: the page reloads its saved text every second.
 	Live bool
+	// Attachments are a person's message's files.
+	Attachments []AttachmentView
 }
 
 // HistoryPage is /history: the person's conversations, searched.

@@ -3,6 +3,7 @@ package attachment
 import (
 	"bytes"
 	"path"
+	"sort"
 	"strings"
 	"unicode/utf8"
 )
@@ -54,4 +55,19 @@ func checkText(data []byte) *Error {
 		return refuse(CodeBadText, "is not valid UTF-8 text (save it as UTF-8, or attach it as an image if it is one).")
 	}
 	return nil
+}
+
+// Accept is a file input's accept list: the image types and the text
+// files' extensions (images false: text files only).
+func Accept(images bool) string {
+	exts := make([]string, 0, len(textExtensions))
+	for e := range textExtensions {
+		exts = append(exts, e)
+	}
+	sort.Strings(exts)
+	list := strings.Join(exts, ",")
+	if images {
+		list = strings.Join([]string{MIMEPNG, MIMEJPEG, MIMEGIF, MIMEWebP}, ",") + "," + list
+	}
+	return list
 }
