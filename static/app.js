@@ -309,20 +309,16 @@ function refusal(file) {
   return '';
 }
 
+// preview shows a file being uploaded: its name, then (once stored) an
+// image's thumbnail, served back like a sent one (the page's CSP allows
+// no blob: images).
 function preview(file) {
   const li = document.createElement('li');
   li.dataset.uploading = '1';
-  if (imageTypes.includes(file.type)) {
-    const img = document.createElement('img');
-    img.src = URL.createObjectURL(file);
-    img.alt = file.name;
-    li.append(img);
-  } else {
-    const chip = document.createElement('span');
-    chip.className = 'file-chip';
-    chip.textContent = file.name;
-    li.append(chip);
-  }
+  const chip = document.createElement('span');
+  chip.className = 'file-chip';
+  chip.textContent = file.name;
+  li.append(chip);
   const state = document.createElement('span');
   state.className = 'upload-state muted';
   state.textContent = 'Uploading…';
@@ -336,8 +332,6 @@ function preview(file) {
 }
 
 function dropPreview(li) {
-  const img = li.querySelector('img');
-  if (img?.src.startsWith('blob:')) URL.revokeObjectURL(img.src);
   li.remove();
   syncAttach();
 }
@@ -369,6 +363,12 @@ async function attachFiles(files) {
       li.append(field);
       li.dataset.id = body.id;
       delete li.dataset.uploading;
+      if (body.kind === 'image') {
+        const img = document.createElement('img');
+        img.src = `/api/v1/attachments/${encodeURIComponent(body.id)}`;
+        img.alt = '';
+        li.prepend(img);
+      }
       li.querySelector('.upload-state').textContent = formatSize(body.bytes);
     } catch (err) {
       dropPreview(li);
