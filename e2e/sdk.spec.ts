@@ -13,7 +13,7 @@ test.describe('openai SDK against the gateway', () => {
 
   test('lists the configured models', async () => {
     const page = await client.models.list();
-    expect(page.data.map((m) => m.id)).toEqual(['moonji-demo', 'moonji-slow', 'moonji-down', 'moonji-queue', 'moonji-engine', 'moonji-priced']);
+    expect(page.data.map((m) => m.id)).toEqual(['moonji-demo', 'moonji-slow', 'moonji-down', 'moonji-queue', 'moonji-engine', 'moonji-priced', 'moonji-vision']);
   });
 
   test('streams with include_usage: content, then one usage chunk', async () => {

@@ -139,7 +139,7 @@ func (h *Handler) chatPage(c *fiber.Ctx, sess *models.Session, title, current st
 	if err != nil {
 		return views.ChatPage{}, err
 	}
-	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed}, nil
+	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed, Attach: h.attachOptions(allowed)}, nil
 }
 
 // sidebar lists the person's latest conversations.
@@ -205,6 +205,9 @@ func (h *Handler) threadPage(c *fiber.Ctx, userID uint, conv string, o chat.Outl
 	}
 	for _, m := range msgs {
 		d.Messages = append(d.Messages, withVersion(h.messageView(userID, m), o.Tree, m))
+	}
+	if err := h.fillAttachments(c, conv, d.Messages); err != nil {
+		return views.ThreadData{}, err
 	}
 	return d, nil
 }

@@ -25,6 +25,10 @@ func (h *Handler) ChatSend(c *fiber.Ctx) error {
 	p := personOf(sess)
 	ctx := c.UserContext()
 	id, model, content := c.FormValue("conversation"), c.FormValue("model"), c.FormValue("content")
+	attached, err := formAttachmentIDs(c.Request().PostArgs().PeekMulti("attachment_ids"))
+	if err != nil {
+		return h.composerError(c, err)
+	}
 	created := false
 	if id == "" {
 		conv, err := h.Chat.Create(ctx, p, model)
@@ -35,7 +39,7 @@ func (h *Handler) ChatSend(c *fiber.Ctx) error {
 	} else if err := h.switchModel(c, sess, id, model); err != nil {
 		return h.composerError(c, err)
 	}
-	sent, err := h.Chat.Send(ctx, p, id, content)
+	sent, err := h.Chat.Send(ctx, p, id, content, attached...)
 	if le, ok := chat.AsLimit(err); ok && sent.MessageID != "" {
 		// Refused for the person's running answers, but the message and
 		// its refused reply are in the conversation: shown like any
@@ -96,6 +100,9 @@ func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, 
 	for _, m := range msgs[max(0, len(msgs)-2):] {
 		d.Messages = append(d.Messages, h.messageView(sess.UserID, m))
 	}
+	if err := h.fillAttachments(c, id, d.Messages); err != nil {
+		return err
+	}
 	return render(c, http.StatusOK, views.Exchange(d))
 }
 
@@ -104,7 +111,11 @@ func (h *Handler) renderExchange(c *fiber.Ctx, sess *models.Session, id string, 
 // plain form.
 func (h *Handler) composerError(c *fiber.Ctx, err error) error {
 	status, msg := http.StatusBadRequest, ""
+	if m, ok := attachmentProblem(err); ok {
+		msg = m
+	}
 	switch {
+	case msg != "":
 	case errors.Is(err, chat.ErrNotFound):
 		status, msg = http.StatusNotFound, "This conversation no longer exists."
 	case errors.Is(err, chat.ErrUnknownModel):

@@ -63,6 +63,9 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 	if le, ok := chat.AsLimit(err); ok {
 		return limitError(c, le)
 	}
+	if resp, ok := attachmentRefusal(c, err); ok {
+		return resp
+	}
 	var se *chat.SettingError
 	if errors.As(err, &se) {
 		return apiErrorParam(c, http.StatusBadRequest, se.Field+" must be "+se.Message+".", invalid, "invalid_request", se.Field)
@@ -244,19 +247,19 @@ func (h *Handler) ExportConversation(c *fiber.Ctx) error {
 	return c.Send(ex.Body)
 }
 
-// SendMessage serves POST /api/v1/conversations/{id}/messages {"content"}:
-// 202 with the reply's message and inference ids; the reply is written on
+// SendMessage serves POST /api/v1/conversations/{id}/messages {"content",
+// "attachment_ids"}: 202 with the reply's message and inference ids; the reply is written on
 // the server, to be followed at /api/v1/generations/{inference_id}/events.
 func (h *Handler) SendMessage(c *fiber.Ctx) error {
 	p, ok := h.person(c)
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	content, ok, err := stringBody(c, "content")
-	if !ok {
-		return err
+	msg, err := parseMessageBody(c.Body())
+	if err != nil {
+		return badBody(c, err)
 	}
-	sent, err := h.Chat.Send(c.UserContext(), p, c.Params("id"), content)
+	sent, err := h.Chat.Send(c.UserContext(), p, c.Params("id"), msg.Content, msg.AttachmentIDs...)
 	if err != nil {
 		return h.chatError(c, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"moonji/internal/apikey"
+	"moonji/internal/attachment"
 	"moonji/internal/auth"
 	"moonji/internal/budget"
 	"moonji/internal/chat"
@@ -35,6 +36,8 @@ type Handler struct {
 	Auth *auth.Service
 	// Chat serves the browser chat's conversations and generations.
 	Chat *chat.Service
+	// Attachments stores and serves the files attached to chat messages.
+	Attachments *attachment.Service
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client
 	// (see clientIP); without any, the TCP peer is the client.
 	TrustedProxies []netip.Prefix

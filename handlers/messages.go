@@ -14,7 +14,8 @@ import (
 // branch. Each names the message; its conversation must be the caller's
 // (else 404, as if there were no such message).
 
-// EditMessage serves POST /api/v1/messages/{id}/edit {"content"}: a new
+// EditMessage serves POST /api/v1/messages/{id}/edit {"content",
+// "attachment_ids"}: a new
 // version of the person's message id, shown and answered at once (202, as
 // a send).
 func (h *Handler) EditMessage(c *fiber.Ctx) error {
@@ -22,11 +23,11 @@ func (h *Handler) EditMessage(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	content, ok, err := stringBody(c, "content")
-	if !ok {
-		return err
+	msg, err := parseMessageBody(c.Body())
+	if err != nil {
+		return badBody(c, err)
 	}
-	sent, err := h.Chat.Edit(c.UserContext(), p, c.Params("id"), content)
+	sent, err := h.Chat.Edit(c.UserContext(), p, c.Params("id"), msg.Content, msg.AttachmentIDs...)
 	if err != nil {
 		return h.messageError(c, err)
 	}

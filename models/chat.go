@@ -209,7 +209,8 @@ func RenameConversation(ctx context.Context, db *gorm.DB, userID uint, id, title
 	return nil
 }
 
-// DeleteConversation deletes the person's conversation id and its messages.
+// DeleteConversation deletes the person's conversation id, its messages and
+// their attachments.
 // It starts with a plain write that also checks the owner, for SQLite's
 // write lock (see StartExchange).
 func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string) error {
@@ -221,6 +222,9 @@ func DeleteConversation(ctx context.Context, db *gorm.DB, userID uint, id string
 		}
 		if res.RowsAffected == 0 {
 			return ErrNotFound
+		}
+		if err := tx.Where("conversation_id = ?", id).Delete(&Attachment{}).Error; err != nil {
+			return fmt.Errorf("delete attachments of conversation %s: %w", id, err)
 		}
 		if err := tx.Where("conversation_id = ?", id).Delete(&Message{}).Error; err != nil {
 			return fmt.Errorf("delete messages of conversation %s: %w", id, err)

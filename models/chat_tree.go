@@ -205,6 +205,9 @@ func DeleteBranch(ctx context.Context, db *gorm.DB, userID uint, id, msgID strin
 		// 32766, PostgreSQL 65535).
 		for start := 0; start < len(doomed); start += 500 {
 			batch := doomed[start:min(start+500, len(doomed))]
+			if err := tx.Where("conversation_id = ? AND message_id IN ?", id, batch).Delete(&Attachment{}).Error; err != nil {
+				return fmt.Errorf("delete the messages' attachments: %w", err)
+			}
 			if err := tx.Where("conversation_id = ? AND id IN ?", id, batch).Delete(&Message{}).Error; err != nil {
 				return fmt.Errorf("delete messages: %w", err)
 			}

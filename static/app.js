@@ -204,7 +204,7 @@ document.addEventListener('keydown', (event) => {
   // Enter sends; Shift+Enter is a new line; Enter that ends an IME
   // composition (Korean, Japanese) only ends the composition.
   event.preventDefault();
-  if (!streamingReply() && box.value.trim() !== '') box.form.requestSubmit();
+  if (!streamingReply() && (box.value.trim() !== '' || attachedCount() > 0)) box.form.requestSubmit();
 });
 
 // The message box grows with its text, up to a point.
@@ -241,3 +241,208 @@ document.addEventListener('DOMContentLoaded', () => {
   const t = thread();
   if (t) t.scrollTop = t.scrollHeight;
 });
+
+// --- Attachments ----------------------------------------------------------
+// Files attached to the next message: by the Attach button, dropped on the
+// composer, or pasted into the message box. Each is uploaded at once
+// (POST /api/v1/attachments) and shown as a preview with its id in a
+// hidden attachment_ids field of the composer, which the send carries.
+// A refused file is said next to the composer; nothing typed is lost.
+const attachBox = () => document.getElementById('attach');
+const previews = () => document.getElementById('attachments');
+const imageTypes = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
+
+function attachedCount() {
+  return previews()?.children.length || 0;
+}
+
+function modelSeesImages() {
+  const box = attachBox();
+  const model = document.getElementById('model')?.value || '';
+  return !!box && box.dataset.vision.split(' ').includes(model);
+}
+
+// syncAttach keeps the Attach button in step with the chosen model: for a
+// model that cannot see images it is disabled, says why, and a button for
+// text files takes its place.
+function syncAttach() {
+  const box = attachBox();
+  if (!box) return;
+  const button = document.getElementById('attach-button');
+  const text = document.getElementById('attach-text');
+  const why = document.getElementById('attach-why');
+  const sees = modelSeesImages();
+  const reason = sees ? '' : `${document.getElementById('model')?.value} cannot see images. Choose a model with vision to attach images; text files can still be attached.`;
+  button.disabled = !sees;
+  if (sees) button.removeAttribute('title'); else button.title = reason;
+  why.textContent = reason;
+  why.hidden = sees;
+  text.hidden = sees;
+  const message = document.getElementById('message');
+  if (message) message.required = attachedCount() === 0;
+  previews().hidden = attachedCount() === 0;
+}
+
+function formatSize(n) {
+  if (n >= 1 << 20) return `${(n / (1 << 20)).toFixed(1)} MB`;
+  if (n >= 1 << 10) return `${Math.ceil(n / 1024)} KB`;
+  return `${n} bytes`;
+}
+
+// refusal says why file cannot be attached before it is sent, or ''.
+function refusal(file) {
+  const box = attachBox();
+  const isImage = imageTypes.includes(file.type);
+  if (attachedCount() >= Number(box.dataset.maxFiles)) {
+    return `A message may carry at most ${box.dataset.maxFiles} files.`;
+  }
+  if (isImage && !modelSeesImages()) {
+    return `${document.getElementById('model').value} cannot see images: choose a model with vision to attach "${file.name}".`;
+  }
+  const limit = Number(isImage ? box.dataset.maxBytes : box.dataset.maxText);
+  if (file.size > limit) {
+    return `"${file.name}" is ${formatSize(file.size)}; ${isImage ? 'an image' : 'a text file'} may be at most ${formatSize(limit)}.`;
+  }
+  return '';
+}
+
+// preview shows a file being uploaded: its name, then (once stored) an
+// image's thumbnail, served back like a sent one (the page's CSP allows
+// no blob: images).
+function preview(file) {
+  const li = document.createElement('li');
+  li.dataset.uploading = '1';
+  const chip = document.createElement('span');
+  chip.className = 'file-chip';
+  chip.textContent = file.name;
+  li.append(chip);
+  const state = document.createElement('span');
+  state.className = 'upload-state muted';
+  state.textContent = 'Uploading…';
+  const remove = document.createElement('button');
+  remove.type = 'button';
+  remove.className = 'ghost remove';
+  remove.textContent = 'Remove';
+  remove.setAttribute('aria-label', `Remove ${file.name}`);
+  li.append(state, remove);
+  return li;
+}
+
+function dropPreview(li) {
+  li.remove();
+  syncAttach();
+}
+
+async function attachFiles(files) {
+  if (!attachBox()) return;
+  for (const file of files) {
+    const why = refusal(file);
+    if (why) {
+      showError(why);
+      continue;
+    }
+    const li = preview(file);
+    previews().append(li);
+    syncAttach();
+    const form = new FormData();
+    form.append('file', file, file.name || 'pasted.png');
+    try {
+      const resp = await fetch('/api/v1/attachments', {
+        method: 'POST', credentials: 'same-origin', headers: { 'X-CSRF-Token': csrfToken() }, body: form,
+      });
+      let body = {};
+      try { body = await resp.json(); } catch { /* not JSON */ }
+      if (resp.status !== 201) throw new Error(body.error?.message || `The upload failed (HTTP ${resp.status}).`);
+      const field = document.createElement('input');
+      field.type = 'hidden';
+      field.name = 'attachment_ids';
+      field.value = body.id;
+      li.append(field);
+      li.dataset.id = body.id;
+      delete li.dataset.uploading;
+      if (body.kind === 'image') {
+        const img = document.createElement('img');
+        img.src = `/api/v1/attachments/${encodeURIComponent(body.id)}`;
+        img.alt = '';
+        li.prepend(img);
+      }
+      li.querySelector('.upload-state').textContent = formatSize(body.bytes);
+    } catch (err) {
+      dropPreview(li);
+      showError(err.message || 'The upload failed.');
+    }
+  }
+}
+
+document.addEventListener('click', (event) => {
+  const input = document.getElementById('attach-input');
+  if (event.target.closest('#attach-button, #attach-text') && input) {
+    // The text-file button offers text files only.
+    const all = input.dataset.accept || input.accept;
+    input.dataset.accept = all;
+    input.accept = event.target.closest('#attach-text') ? all.split(',').filter((a) => a.startsWith('.')).join(',') : all;
+    input.click();
+    return;
+  }
+  const remove = event.target.closest('#attachments .remove');
+  if (remove) {
+    dropPreview(remove.closest('li'));
+    document.getElementById('message')?.focus();
+  }
+});
+
+document.addEventListener('change', (event) => {
+  if (event.target.id !== 'attach-input') return;
+  const files = [...event.target.files];
+  event.target.value = '';
+  attachFiles(files);
+});
+
+document.addEventListener('change', (event) => {
+  if (event.target.id === 'model') syncAttach();
+});
+
+const carriesFiles = (event) => [...(event.dataTransfer?.types || [])].includes('Files');
+
+document.addEventListener('dragover', (event) => {
+  const composer = event.target.closest?.('#composer');
+  if (!composer || !carriesFiles(event)) return;
+  event.preventDefault();
+  composer.classList.add('dragging');
+});
+document.addEventListener('dragleave', (event) => {
+  const composer = event.target.closest?.('#composer');
+  if (composer && !composer.contains(event.relatedTarget)) composer.classList.remove('dragging');
+});
+document.addEventListener('drop', (event) => {
+  const composer = event.target.closest?.('#composer');
+  if (!composer || !carriesFiles(event)) return;
+  event.preventDefault();
+  composer.classList.remove('dragging');
+  attachFiles([...event.dataTransfer.files]);
+});
+
+document.addEventListener('paste', (event) => {
+  if (event.target.id !== 'message') return;
+  const files = [...(event.clipboardData?.files || [])];
+  if (files.length === 0) return;
+  // A file pasted alone (a screenshot) is attached; text pasted with it
+  // still goes into the box.
+  if (!event.clipboardData.types.includes('text/plain')) event.preventDefault();
+  attachFiles(files);
+});
+
+// A send waits for its files; once sent, the previews go.
+document.addEventListener('htmx:beforeRequest', (event) => {
+  if (event.detail.elt?.id !== 'composer') return;
+  if (previews()?.querySelector('[data-uploading]')) {
+    event.preventDefault();
+    showError('Wait until the files are uploaded, then send.');
+  }
+});
+document.addEventListener('htmx:afterRequest', (event) => {
+  if (event.detail.elt?.id !== 'composer' || !event.detail.successful) return;
+  if (event.detail.xhr.getResponseHeader('HX-Retarget')) return;
+  for (const li of [...(previews()?.children || [])]) dropPreview(li);
+});
+document.addEventListener('DOMContentLoaded', syncAttach);

@@ -17,6 +17,8 @@ type ChatPage struct {
 	Model  string
 	Models []string
 	Thread ThreadData
+	// Attach configures the composer's Attach control (attachments.templ).
+	Attach AttachOptions
 }
 
 // ThreadData is the part of the path shown a page draws: its last
@@ -73,6 +75,8 @@ type ChatMessage struct {
 	Version, Versions int
 	PrevID, NextID    string
 	Group             string
+	// Attachments are a person's message's files.
+	Attachments []AttachmentView
 }
 
 // HistoryPage is /history: the person's conversations, searched.

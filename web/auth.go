@@ -87,6 +87,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	api.Post("/v1/messages/:id/show", h.ShowMessage)
 	api.Delete("/v1/messages/:id", h.DeleteMessage)
 	api.Get("/v1/generations/:id/events", h.GenerationEvents)
+	api.Get("/v1/attachments/:id", h.Attachment)
 
 	// The chat's pages; the guard goes on each route, as a group without a
 	// prefix would put it in front of every path, /v1 included.

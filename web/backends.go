@@ -184,7 +184,7 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 	var routes []*gateway.Route
 	for _, m := range cfg.Models {
 		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames())),
-			Price: m.PriceOf(), ReserveOutput: cmp.Or(m.MaxOutputTokens, config.DefaultMaxOutputTokens)}
+			Price: m.PriceOf(), ReserveOutput: cmp.Or(m.MaxOutputTokens, config.DefaultMaxOutputTokens), Vision: m.Vision}
 		if m.Price != nil {
 			r.MaxOutput = m.MaxOutputTokens
 		}

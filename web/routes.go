@@ -21,9 +21,10 @@ const smallBodyLimit = 64 << 10
 
 // routes mounts every endpoint. Fiber runs handlers in the order they are
 // mounted, which matters here: CORS comes first on /v1, then the chat
-// endpoint, which reads its own body after checking the key, then
-// compression and smallBodies, which every later route (including those
-// setupAuth mounts) goes through.
+// endpoint, which reads its own body after checking the key (and the
+// attachments' upload, after checking the session), then compression and
+// smallBodies, which every later route (including those setupAuth mounts)
+// goes through.
 func (s *Server) routes(h *handlers.Handler) {
 	app := s.App
 	// A handler's panic fails its request alone (a 500, in OpenAI's shape
@@ -38,6 +39,9 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Post("/completions", h.Inference(proxy.APICompletions, s.Config.MaxBodyBytes))
 	v1.Post("/embeddings", h.Inference(proxy.APIEmbeddings, s.Config.MaxBodyBytes))
 	v1.Post("/responses", h.Inference(proxy.APIResponses, s.Config.MaxBodyBytes))
+	// An upload is larger than smallBodies allows: it authenticates itself
+	// and reads its own body, within the attachments' bound.
+	app.Post("/api/v1/attachments", h.UploadAttachment)
 
 	// Pages, /api and the rest go compressed to browsers that take it;
 	// never /v1 (see compressResponses).

@@ -21,6 +21,7 @@ import (
 	"moonji/handlers"
 	"moonji/internal/admission"
 	"moonji/internal/apikey"
+	"moonji/internal/attachment"
 	"moonji/internal/budget"
 	"moonji/internal/chat"
 	"moonji/internal/config"
@@ -291,6 +292,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	})
 	markUnread(s.App.Server())
 	lim := cfg.Limits
+	vision := map[string]bool{}
+	for _, m := range cfg.Models {
+		vision[m.Name] = m.Vision
+	}
+	attachments := attachment.New(attachment.Options{DB: db, Vision: vision, Limiter: limiter, Log: log.With("component", "attachments"),
+		Limits: attachment.Limits{MaxBytes: cfg.Attachments.MaxBytes, MaxPerMessage: cfg.Attachments.MaxPerMessage}})
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	go attachments.Run(sweepCtx)
+	s.closers = append(s.closers, stopSweep)
 	s.Chat = chat.New(chat.Options{Gateway: s.Gateway, DB: db, Replica: cfg.ReplicaID, Currency: cfg.Currency,
 		ContextTokens: cfg.Chat.ContextTokens, Log: log.With("component", "chat"),
 		Render: markdown.Render,
@@ -300,7 +310,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		},
 		Limits: chat.Limits{GenerationsPerPerson: lim.ChatGenerationsPerPerson, ConversationsPerMinute: lim.ConversationsPerMinute,
 			ConversationsPerPerson: lim.ConversationsPerPerson, SearchesPerMinute: lim.SearchesPerMinute},
-		Limiter: limiter})
+		Limiter: limiter, Attachments: attachments})
 	// Closed before the stop service, the ledger and the database (closers
 	// run in reverse): stopped replies are saved through all three.
 	s.closers = append(s.closers, s.Chat.Close)
@@ -310,7 +320,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	wctx, stopWithdrawals := context.WithCancel(context.Background())
 	go withdrawals.Run(wctx)
 	s.closers = append(s.closers, stopWithdrawals)
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Currency: s.Config.Currency,
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
 		Policies: s.Policies, Budgets: s.Budgets,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
 			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout,

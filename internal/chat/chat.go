@@ -23,6 +23,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"gorm.io/gorm"
 
+	"moonji/internal/attachment"
 	"moonji/internal/gateway"
 	"moonji/internal/money"
 	"moonji/internal/ratelimit"
@@ -80,6 +81,8 @@ type Options struct {
 	Log     *slog.Logger
 	// Currency names the unit of the cost shown under each answer.
 	Currency string
+	// Attachments stores the files attached to messages (nil: none may be).
+	Attachments *attachment.Service
 }
 
 // Service runs the chat of one replica.
@@ -319,25 +322,32 @@ type Sent struct {
 	UserMessageID string // the person's message, for a send or an edit
 }
 
-// Send adds the person's message to conversation id and starts the
-// assistant's reply, which runs on its own; it returns once the reply's
-// message exists (status streaming).
-func (s *Service) Send(ctx context.Context, p Person, id, content string) (Sent, error) {
+// Send adds the person's message to conversation id, with the attachments
+// attachmentIDs (attachments.go), and starts the assistant's reply, which
+// runs on its own; it returns once the reply's message exists (status
+// streaming).
+func (s *Service) Send(ctx context.Context, p Person, id, content string, attachmentIDs ...string) (Sent, error) {
 	if len(content) > MaxContentBytes {
 		return Sent{}, ErrTooLarge
 	}
 	content = models.StorableText(content)
-	if strings.TrimSpace(content) == "" {
+	if strings.TrimSpace(content) == "" && len(attachmentIDs) == 0 {
 		return Sent{}, ErrEmpty
 	}
 	conv, err := models.ConversationOf(ctx, s.o.DB, p.UserID, id)
 	if err != nil {
 		return Sent{}, err
 	}
+	att, err := s.prepareAttachments(ctx, p, conv, attachmentIDs)
+	if err != nil {
+		return Sent{}, err
+	}
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, Role: models.RoleUser,
 		Content: content, Status: models.MessageDone}
 	sent, err := s.start(ctx, p, conv, func(reply *models.Message) error {
-		return models.StartExchangeWithin(ctx, s.o.DB, conv, user, reply, titleOf(content), s.replyCap(p))
+		return att.around(ctx, conv.ID, user.ID, func() error {
+			return models.StartExchangeWithin(ctx, s.o.DB, conv, user, reply, att.title(content), s.replyCap(p))
+		})
 	})
 	if sent.MessageID != "" {
 		sent.UserMessageID = user.ID

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 
+	"moonji/internal/attachment"
 	"moonji/models"
 )
 
@@ -16,6 +17,11 @@ const tokensPerMessage = 4
 type wireMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// A message's attachments (attachments.go): its id, how many and what
+	// they weigh, and its content parts once they are read (MarshalJSON).
+	id                    string
+	attached, extraTokens int
+	parts                 []attachment.Part
 }
 
 // requestBody builds the generation's request from the conversation: its
@@ -46,7 +52,10 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 		default:
 			continue
 		}
-		history = append(history, wireMessage{Role: m.Role, Content: m.Content})
+		history = append(history, wireMessage{Role: m.Role, Content: m.Content, id: m.ID})
+	}
+	if err := s.countAttachments(ctx, conv, history); err != nil {
+		return nil, err
 	}
 	budget := s.o.ContextTokens
 	var system []wireMessage
@@ -56,6 +65,9 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 		budget -= estimateTokens(system[0])
 	}
 	history = append(system, fitContext(history, budget)...)
+	if err := s.fillAttachments(ctx, conv, history); err != nil {
+		return nil, err
+	}
 	body := map[string]any{}
 	maps.Copy(body, extra)
 	body["model"] = conv.Model
@@ -77,7 +89,7 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 // estimateTokens guesses a message's tokens: about four bytes of text per
 // token plus its framing. Bytes, not characters: it errs on the safe side
 // for scripts that take more bytes per token.
-func estimateTokens(m wireMessage) int { return len(m.Content)/4 + tokensPerMessage }
+func estimateTokens(m wireMessage) int { return len(m.Content)/4 + tokensPerMessage + m.extraTokens }
 
 // fitContext drops the oldest messages until the estimate fits budget; the
 // last message always stays.

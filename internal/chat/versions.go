@@ -103,13 +103,14 @@ func (s *Service) Shown(ctx context.Context, userID uint, id string) (*models.Co
 }
 
 // Edit adds a new version of the person's message msgID — a sibling with
-// the same parent and content — shows it, and starts its answer.
-func (s *Service) Edit(ctx context.Context, p Person, msgID, content string) (Sent, error) {
+// the same parent, content and attachments attachmentIDs — shows it, and
+// starts its answer.
+func (s *Service) Edit(ctx context.Context, p Person, msgID, content string, attachmentIDs ...string) (Sent, error) {
 	if len(content) > MaxContentBytes {
 		return Sent{}, ErrTooLarge
 	}
 	content = models.StorableText(content)
-	if strings.TrimSpace(content) == "" {
+	if strings.TrimSpace(content) == "" && len(attachmentIDs) == 0 {
 		return Sent{}, ErrEmpty
 	}
 	old, conv, err := models.MessageOf(ctx, s.o.DB, p.UserID, msgID)
@@ -119,10 +120,16 @@ func (s *Service) Edit(ctx context.Context, p Person, msgID, content string) (Se
 	if old.Role != models.RoleUser {
 		return Sent{}, ErrNotEditable
 	}
+	att, err := s.prepareAttachments(ctx, p, conv, attachmentIDs)
+	if err != nil {
+		return Sent{}, err
+	}
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, ParentID: old.ParentID,
 		Role: models.RoleUser, Content: content, Status: models.MessageDone}
 	sent, err := s.start(ctx, p, conv, func(reply *models.Message) error {
-		return models.StartEdit(ctx, s.o.DB, conv, user, reply, s.replyCap(p))
+		return att.around(ctx, conv.ID, user.ID, func() error {
+			return models.StartEdit(ctx, s.o.DB, conv, user, reply, s.replyCap(p))
+		})
 	})
 	if sent.MessageID != "" {
 		sent.UserMessageID = user.ID

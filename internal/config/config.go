@@ -95,7 +95,9 @@ type Config struct {
 	Keys           Keys     `yaml:"keys"`
 	Chat           Chat     `yaml:"chat"`
 	Share          Share    `yaml:"share"`
-	Limits         Limits   `yaml:"limits"`
+	// Attachments bounds the files people attach to chat messages.
+	Attachments Attachments `yaml:"attachments"`
+	Limits      Limits      `yaml:"limits"`
 	// Engine configures `moonji engine`; the gateway ignores it.
 	Engine Engine `yaml:"engine"`
 }
@@ -136,6 +138,26 @@ type Share struct {
 	// signed-out visitor to sign in first.
 	Public bool `yaml:"public"`
 }
+
+// Attachments bounds the files attached to chat messages (images and text
+// files): each 0 takes its default.
+type Attachments struct {
+	// MaxBytes bounds one image (default 10 MiB); a text file is bounded
+	// by 512 KiB too.
+	MaxBytes int64 `yaml:"max_bytes"`
+	// MaxPerMessage bounds the files of one message (default 4).
+	MaxPerMessage int `yaml:"max_per_message"`
+}
+
+// Defaults and bounds of the attachments' limits. An image goes to the
+// engine base64 in every request of its conversation: 64 MiB is far past
+// what engines take.
+const (
+	DefaultAttachmentBytes = 10 << 20
+	DefaultAttachmentsPer  = 4
+	MaxAttachmentBytes     = 64 << 20
+	MaxAttachmentsPerLimit = 16
+)
 
 // Limits bound what one person may hold of everyone's share (admins
 // included): each 0 takes its default.
@@ -270,6 +292,9 @@ type Model struct {
 	// given for it when the model has a price (0: DefaultMaxOutputTokens
 	// reserved, and the request passes as it is).
 	MaxOutputTokens int `yaml:"max_output_tokens"`
+	// Vision marks a model that is sent images: the chat attaches them
+	// only for such a model, and /v1 refuses an image part for another.
+	Vision bool `yaml:"vision"`
 }
 
 // Price is a model's price in currency units per million tokens.
@@ -478,6 +503,12 @@ func (c *Config) applyDefaults() {
 	if c.Chat.ContextTokens == 0 {
 		c.Chat.ContextTokens = DefaultChatContextTokens
 	}
+	if c.Attachments.MaxBytes == 0 {
+		c.Attachments.MaxBytes = DefaultAttachmentBytes
+	}
+	if c.Attachments.MaxPerMessage == 0 {
+		c.Attachments.MaxPerMessage = DefaultAttachmentsPer
+	}
 	l, d := &c.Limits, DefaultLimits
 	for _, f := range []struct {
 		v   *int
@@ -618,6 +649,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Chat.ContextTokens < 256 || c.Chat.ContextTokens > 10_000_000 {
 		bad("chat.context_tokens", "must be between 256 and 10000000, got %d", c.Chat.ContextTokens)
+	}
+	if a := c.Attachments.MaxBytes; a < 1024 || a > MaxAttachmentBytes {
+		bad("attachments.max_bytes", "must be between 1024 and %d (64 MiB), got %d", MaxAttachmentBytes, a)
+	}
+	if n := c.Attachments.MaxPerMessage; n < 1 || n > MaxAttachmentsPerLimit {
+		bad("attachments.max_per_message", "must be between 1 and %d, got %d", MaxAttachmentsPerLimit, n)
 	}
 	backends := map[string]bool{}
 	for i, b := range c.Backends {

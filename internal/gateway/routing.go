@@ -60,6 +60,9 @@ type Route struct {
 	// engine is given it when the model has a price; 0: none given) and
 	// ReserveOutput what a budget reserves for such a request.
 	MaxOutput, ReserveOutput int
+	// Vision tells that the model is sent images; a request with an
+	// image part to another is refused (proxy.ImagePart).
+	Vision bool
 }
 
 // cost is what row's tokens cost at the route's price; a rejected request

@@ -58,6 +58,15 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 			typ: "invalid_request_error", code: "api_not_supported", param: "model"}, nil)
 	}
 
+	if !route.Vision {
+		if param := proxy.ImagePart(api, call.Body); param != "" {
+			return g.reject(call, req.Model, http.StatusBadRequest, "invalid_request", apiError{
+				message: fmt.Sprintf("The model `%s` cannot see images, and %s is an image: send text only, or choose a model with vision.",
+					req.Model, param),
+				typ: "invalid_request_error", code: "model_cannot_see_images", param: param}, nil)
+		}
+	}
+
 	hdr := http.Header{}
 	// The budgets' check runs beside the rate limit's: each is one Redis
 	// round trip, and neither needs the other's answer. Whatever ends the

@@ -156,6 +156,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	g := s.newGen(rec, k, model)
 	g.id = newID("chatcmpl-")
 	g.tokens, g.finish = s.answerTokens(contextOrPrompt(msgs), l)
+	if strings.HasPrefix(lastUserText(msgs), DescribePrefix) {
+		g.tokens, g.finish = EchoTokens(describeImages(msgs)), "stop"
+	}
 	g.choices = choices
 	g.promptTokens = prompt
 	if rec.Stream {
