@@ -51,8 +51,9 @@ func (g *Gateway) policy(call Call, model string) (spending.Policy, *Response) {
 }
 
 // maxCost is the most a request to r may cost: every byte of its body
-// a prompt token (and promptMargin more), and the output it allows —
-// its own limit, or the route's — for each choice it asks for.
+// a prompt token (and promptMargin more) — but an image proxy.ImageTokens,
+// whatever its bytes —, and the output it allows — its own limit, or the
+// route's — for each choice it asks for.
 func (r *Route) maxCost(req proxy.Request, bodyLen, choices int) int64 {
 	if r.Price.Free() {
 		return 0
@@ -65,7 +66,8 @@ func (r *Route) maxCost(req proxy.Request, bodyLen, choices int) int64 {
 		}
 		out *= int64(max(choices, 1))
 	}
-	return money.Cost(r.Price, money.Tokens{Prompt: int64(bodyLen) + promptMargin, Completion: out})
+	prompt := int64(bodyLen-req.ImageBytes) + int64(req.Images)*proxy.ImageTokens + promptMargin
+	return money.Cost(r.Price, money.Tokens{Prompt: prompt, Completion: out})
 }
 
 // reservation is a budget check under way: Reserve runs on a goroutine of

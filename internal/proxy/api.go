@@ -149,6 +149,7 @@ func ParseFor(api API, body []byte) (Request, error) {
 			r.MaxTokens = int(v.Int())
 		}
 		r.PromptBytes = len(root.Get("input").Raw) + len(root.Get("instructions").Raw)
+		r.weighImages(body)
 	}
 	return r, nil
 }

@@ -21,8 +21,11 @@ type Request struct {
 	ClientWantsUsage bool
 	// MaxTokens is max_completion_tokens or max_tokens, 0 when unset.
 	MaxTokens int
-	// PromptBytes is the size of the messages, for token estimates.
+	// PromptBytes is the size of the messages, for token estimates (an
+	// image counted as ImageTokens, not its bytes).
 	PromptBytes int
+	// Images are the image parts of the body, and ImageBytes their size.
+	Images, ImageBytes int
 	// noStreamOptions tells that ParseRequest found no stream_options
 	// member (not even a null): RewriteBody then adds one without looking.
 	noStreamOptions bool
@@ -102,6 +105,7 @@ func ParseRequest(body []byte) (Request, error) {
 		}
 	}
 	r.PromptBytes = len(root.Get("messages").Raw)
+	r.weighImages(body)
 	return r, nil
 }
 

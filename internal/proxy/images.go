@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -75,4 +76,65 @@ func isImage(part gjson.Result, imageType string) bool {
 		return !image
 	})
 	return image
+}
+
+// ImageTokens is what one image of a request counts for in the gateway's
+// estimates (the tokens a rate limit reserves, the most a budget holds
+// back) instead of its bytes: engines bill an image by its pixels, not its
+// base64, and a 10 MB photo counted as 13 million tokens would be refused
+// by any budget. 16,384 is about the most a vision model makes of one
+// image by default (Qwen2.5-VL's pixel bound; GPT-4o and Claude use less).
+const ImageTokens = 16384
+
+// ImageWeight returns how many image parts a request body to api has (as
+// ImagePart finds them) and the bytes they take. A body without the word
+// "image" costs one scan.
+func ImageWeight(api API, body []byte) (images, size int) {
+	if !bytes.Contains(body, []byte("image")) {
+		return 0, 0
+	}
+	var items gjson.Result
+	field, imageType := "content", "image_url"
+	switch api {
+	case APIChat:
+		items = gjson.GetBytes(body, "messages")
+	case APIResponses:
+		items, imageType = gjson.GetBytes(body, "input"), "input_image"
+	default:
+		return 0, 0
+	}
+	if !items.IsArray() {
+		return 0, 0
+	}
+	items.ForEach(func(_, item gjson.Result) bool {
+		if !item.IsObject() {
+			return true
+		}
+		item.ForEach(func(k, content gjson.Result) bool {
+			if k.Str == field && content.IsArray() {
+				content.ForEach(func(_, part gjson.Result) bool {
+					if isImage(part, imageType) {
+						images++
+						size += len(part.Raw)
+					}
+					return true
+				})
+			}
+			return true
+		})
+		return true
+	})
+	return images, size
+}
+
+// weighImages makes r's prompt size count each image as ImageTokens
+// rather than its bytes (see ImageTokens).
+func (r *Request) weighImages(body []byte) {
+	n, size := ImageWeight(r.API, body)
+	if n == 0 {
+		return
+	}
+	r.ImageBytes, r.Images = size, n
+	// PromptBytes is read as about four bytes a token.
+	r.PromptBytes = max(0, r.PromptBytes-size) + 4*n*ImageTokens
 }
