@@ -89,6 +89,9 @@ document.addEventListener('toggle', (event) => {
 document.addEventListener('keydown', (event) => {
   const menu = event.target.closest?.('details.conv-menu[open]');
   if (event.key !== 'Escape' || !menu) return;
+  // Only the menu: an answer streaming meanwhile goes on (Esc stops it elsewhere).
+  event.preventDefault();
+  event.stopImmediatePropagation();
   menu.open = false;
   menu.querySelector('summary')?.focus();
 });
