@@ -117,21 +117,26 @@ func wholeNumber(v gjson.Result) (int, bool) {
 }
 
 // conversationPatchWatch lists the fields a conversation's PATCH reads.
-var conversationPatchWatch = jsonguard.Watch{{Name: "title"}, {Name: "system_prompt"}, {Name: "temperature"}, {Name: "max_tokens"}}
+var conversationPatchWatch = jsonguard.Watch{{Name: "title"}, {Name: "system_prompt"}, {Name: "temperature"}, {Name: "max_tokens"},
+	{Name: "pinned"}, {Name: "folder"}}
 
 // conversationPatch is what a PATCH of a conversation changes: each field
 // is set when its member is present (a null temperature or max_tokens, or
-// an empty system prompt, clears it).
+// an empty system prompt, clears it; an empty or null folder takes the
+// conversation out of its folder).
 type conversationPatch struct {
 	Title, SystemPrompt       *string
 	HasTemperature, HasTokens bool
 	Temperature               *float64
 	MaxTokens                 *int
+	Pinned                    *bool
+	Folder                    *string
 }
 
 // parseConversationPatch reads {"title", "system_prompt", "temperature",
-// "max_tokens"}, each optional, at least one present; other members are
-// ignored.
+// "max_tokens", "pinned", "folder"}, each optional, at least one present;
+// other members are ignored. The values are only typed here: their bounds
+// are the chat's (chat.Change).
 func parseConversationPatch(body []byte) (conversationPatch, error) {
 	var p conversationPatch
 	root, err := guardedObject(body, conversationPatchWatch)
@@ -174,8 +179,24 @@ func parseConversationPatch(body []byte) (conversationPatch, error) {
 	default:
 		return p, &bodyError{Message: "max_tokens must be a positive integer or null", Param: "max_tokens"}
 	}
-	if p.Title == nil && p.SystemPrompt == nil && !p.HasTemperature && !p.HasTokens {
-		return p, &bodyError{Message: "give title, system_prompt, temperature or max_tokens"}
+	switch v := root.Get("pinned"); {
+	case !v.Exists():
+	case v.Type == gjson.True || v.Type == gjson.False:
+		b := v.Bool()
+		p.Pinned = &b
+	default:
+		return p, &bodyError{Message: "pinned must be true or false", Param: "pinned"}
+	}
+	switch v := root.Get("folder"); {
+	case !v.Exists():
+	case v.Type == gjson.String || v.Type == gjson.Null:
+		s := v.Str // "" for null: no folder
+		p.Folder = &s
+	default:
+		return p, &bodyError{Message: "folder must be a string or null", Param: "folder"}
+	}
+	if p.Title == nil && p.SystemPrompt == nil && !p.HasTemperature && !p.HasTokens && p.Pinned == nil && p.Folder == nil {
+		return p, &bodyError{Message: "give title, system_prompt, temperature, max_tokens, pinned or folder"}
 	}
 	return p, nil
 }

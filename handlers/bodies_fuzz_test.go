@@ -176,7 +176,9 @@ func FuzzParseStringBody(f *testing.F) {
 // FuzzParseConversationPatch: whatever the body, parseConversationPatch
 // never panics; it refuses with a *bodyError naming one of its fields or
 // nothing; what it accepts is a JSON object to encoding/json, and a
-// temperature, max_tokens and text it reads are what encoding/json reads.
+// temperature, max_tokens, pinned, folder and text it reads are what
+// encoding/json reads. A body written by encoding/json with a pin and any
+// folder name is read back exactly.
 //
 //	go test ./handlers -run '^$' -fuzz FuzzParseConversationPatch -fuzztime 60s
 func FuzzParseConversationPatch(f *testing.F) {
@@ -184,11 +186,22 @@ func FuzzParseConversationPatch(f *testing.F) {
 		`{"system_prompt":"Be brief.","temperature":0.2,"max_tokens":100}`, `{"title":"t"}`, `{"temperature":null}`,
 		`{"max_tokens":1e2}`, `{"max_tokens":-1}`, `{"max_tokens":1.5}`, `{"temperature":"1"}`, `{}`, `[]`, ``,
 		`{"system_prompt":"a","system_prompt":"b"}`, `{"Temperature":1,"temperature":2}`, `{"x":` + strings.Repeat("[", 200) + `}`,
+		`{"pinned":true}`, `{"pinned":false,"folder":"Work"}`, `{"pinned":"true"}`, `{"pinned":1}`, `{"pinned":null}`,
+		`{"folder":null}`, `{"folder":""}`, `{"folder":7}`, `{"folder":["a"]}`, `{"folder":"a","folder":"b"}`,
+		`{"folder":"\u0000\u001b[31m"}`, `{"folder":"\ud800"}`, `{"pinned":true,"pinned":false}`, `{"folder":{"folder":"x"}}`,
 	} {
 		f.Add([]byte(b))
 	}
-	fields := []string{"title", "system_prompt", "temperature", "max_tokens"}
+	fields := []string{"title", "system_prompt", "temperature", "max_tokens", "pinned", "folder"}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// Whatever the body, a well-formed patch made of it is read back.
+		name := strings.ToValidUTF8(string(body), "")
+		pin := len(body)%2 == 0
+		b, _ := json.Marshal(map[string]any{"pinned": pin, "folder": name, "other": map[string]any{"folder": 1}})
+		if p, err := parseConversationPatch(b); err != nil || p.Pinned == nil || *p.Pinned != pin || p.Folder == nil || *p.Folder != name {
+			t.Fatalf("read %s as %+v, %v", b, p, err)
+		}
+
 		p, err := parseConversationPatch(body)
 		if err != nil {
 			refusal(t, err, body, fields...)
@@ -212,6 +225,29 @@ func FuzzParseConversationPatch(f *testing.F) {
 			if v, ok := std["system_prompt"].(string); !ok || v != *p.SystemPrompt {
 				t.Fatalf("system_prompt %q; encoding/json reads %v in %q", *p.SystemPrompt, std["system_prompt"], body)
 			}
+		}
+		if p.Pinned != nil {
+			if v, ok := std["pinned"].(bool); !ok || v != *p.Pinned {
+				t.Fatalf("pinned %v; encoding/json reads %v in %q", *p.Pinned, std["pinned"], body)
+			}
+		} else if _, ok := std["pinned"]; ok {
+			t.Fatalf("pinned ignored; encoding/json reads %v in %q", std["pinned"], body)
+		}
+		if p.Folder != nil {
+			switch v := std["folder"].(type) {
+			case nil:
+				if *p.Folder != "" {
+					t.Fatalf("folder %q; encoding/json reads null in %q", *p.Folder, body)
+				}
+			case string:
+				if plainText(*p.Folder) && v != *p.Folder {
+					t.Fatalf("folder %q; encoding/json reads %q in %q", *p.Folder, v, body)
+				}
+			default:
+				t.Fatalf("folder %q; encoding/json reads %v in %q", *p.Folder, v, body)
+			}
+		} else if _, ok := std["folder"]; ok {
+			t.Fatalf("folder ignored; encoding/json reads %v in %q", std["folder"], body)
 		}
 	})
 }

@@ -142,13 +142,19 @@ func (h *Handler) chatPage(c *fiber.Ctx, sess *models.Session, title, current st
 	return views.ChatPage{Page: p, Sidebar: sb, Conversation: current, Models: allowed, Attach: h.attachOptions(allowed)}, nil
 }
 
-// sidebar lists the person's latest conversations.
+// sidebar lists the person's latest conversations, pinned first, and
+// their folders.
 func (h *Handler) sidebar(c *fiber.Ctx, sess *models.Session, current string) (views.Sidebar, error) {
 	page, err := h.Chat.List(c.UserContext(), sess.UserID, "", "")
 	if err != nil {
 		return views.Sidebar{}, err
 	}
-	sb := views.Sidebar{Current: current, More: page.NextCursor != "" || len(page.Conversations) > sidebarSize}
+	folders, err := h.Chat.Folders(c.UserContext(), sess.UserID)
+	if err != nil {
+		return views.Sidebar{}, err
+	}
+	sb := views.Sidebar{Current: current, More: page.NextCursor != "" || len(page.Conversations) > sidebarSize,
+		Folders: folders, CSRF: sess.CSRFToken}
 	for i, conv := range page.Conversations {
 		if i == sidebarSize {
 			break
@@ -159,7 +165,7 @@ func (h *Handler) sidebar(c *fiber.Ctx, sess *models.Session, current string) (v
 }
 
 func linkOf(c *models.Conversation) views.ConversationLink {
-	return views.ConversationLink{ID: c.ID, Title: c.Title, Model: c.Model, Updated: c.UpdatedAt}
+	return views.ConversationLink{ID: c.ID, Title: c.Title, Model: c.Model, Updated: c.UpdatedAt, Pinned: c.Pinned, Folder: c.Folder}
 }
 
 // messageView is a stored message as the page shows it; a reply streaming

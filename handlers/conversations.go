@@ -25,17 +25,20 @@ type conversationJSON struct {
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// The settings its replies are asked with (null: the engine's own).
-	SystemPrompt string               `json:"system_prompt"`
-	Temperature  *float64             `json:"temperature"`
-	MaxTokens    *int                 `json:"max_tokens"`
-	Messages     []chat.ExportMessage `json:"messages,omitempty"`
+	SystemPrompt string   `json:"system_prompt"`
+	Temperature  *float64 `json:"temperature"`
+	MaxTokens    *int     `json:"max_tokens"`
+	// Pinned ones come first in lists; Folder is "" for none.
+	Pinned   bool                 `json:"pinned"`
+	Folder   string               `json:"folder"`
+	Messages []chat.ExportMessage `json:"messages,omitempty"`
 	// CurrentPath is the path shown, as message ids from the first.
 	CurrentPath []string `json:"current_path,omitempty"`
 }
 
 func conversationOf(c *models.Conversation) conversationJSON {
 	return conversationJSON{ID: c.ID, Title: c.Title, Model: c.Model, CreatedAt: c.CreatedAt, UpdatedAt: c.UpdatedAt,
-		SystemPrompt: c.SystemPrompt, Temperature: c.Temperature, MaxTokens: c.MaxTokens}
+		SystemPrompt: c.SystemPrompt, Temperature: c.Temperature, MaxTokens: c.MaxTokens, Pinned: c.Pinned, Folder: c.Folder}
 }
 
 // person is the signed-in caller as the chat sees them.
@@ -86,6 +89,9 @@ func (h *Handler) chatError(c *fiber.Ctx, err error) error {
 	case errors.Is(err, chat.ErrQueryTooLong):
 		return apiErrorParam(c, http.StatusBadRequest,
 			"The search is longer than "+strconv.Itoa(chat.MaxTitleChars)+" characters.", invalid, "invalid_request", "q")
+	case errors.Is(err, chat.ErrTooManyFolders):
+		return apiErrorParam(c, http.StatusBadRequest,
+			"You have "+strconv.Itoa(chat.MaxFolders)+" folders, the most allowed: use one of them.", invalid, "too_many_folders", "folder")
 	case errors.Is(err, chat.ErrBadCursor):
 		return apiErrorParam(c, http.StatusBadRequest, "Unknown cursor.", invalid, "invalid_request", "cursor")
 	case errors.Is(err, chat.ErrBadFormat):
@@ -131,13 +137,14 @@ func (h *Handler) CreateConversation(c *fiber.Ctx) error {
 	return c.Status(http.StatusCreated).JSON(conversationOf(conv))
 }
 
-// ListConversations serves GET /api/v1/conversations?q=&cursor=.
+// ListConversations serves GET /api/v1/conversations?q=&folder=&cursor=:
+// pinned first, then last used first; folder keeps those of one folder.
 func (h *Handler) ListConversations(c *fiber.Ctx) error {
 	p, ok := h.person(c)
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	page, err := h.Chat.List(c.UserContext(), p.UserID, strings.TrimSpace(c.Query("q")), c.Query("cursor"))
+	page, err := h.Chat.ListIn(c.UserContext(), p.UserID, c.Query("folder"), strings.TrimSpace(c.Query("q")), c.Query("cursor"))
 	if err != nil {
 		return h.chatError(c, err)
 	}
@@ -176,8 +183,9 @@ func (h *Handler) Conversation(c *fiber.Ctx) error {
 }
 
 // PatchConversation serves PATCH /api/v1/conversations/{id} {"title",
-// "system_prompt", "temperature", "max_tokens"}: each optional, the
-// others kept. The settings are checked whole before anything is stored.
+// "system_prompt", "temperature", "max_tokens", "pinned", "folder"}: each
+// optional, the others kept. Everything is checked before anything is
+// stored, and stored at once.
 func (h *Handler) PatchConversation(c *fiber.Ctx) error {
 	p, ok := h.person(c)
 	if !ok {
@@ -192,21 +200,21 @@ func (h *Handler) PatchConversation(c *fiber.Ctx) error {
 	if err != nil {
 		return h.chatError(c, err)
 	}
-	set := models.ConversationSettings{SystemPrompt: conv.SystemPrompt, Temperature: conv.Temperature, MaxTokens: conv.MaxTokens}
-	if patch.SystemPrompt != nil {
-		set.SystemPrompt = *patch.SystemPrompt
-	}
-	if patch.HasTemperature {
-		set.Temperature = patch.Temperature
-	}
-	if patch.HasTokens {
-		set.MaxTokens = patch.MaxTokens
-	}
-	var settings *models.ConversationSettings
+	ch := chat.Change{Title: patch.Title, Pinned: patch.Pinned, Folder: patch.Folder}
 	if patch.SystemPrompt != nil || patch.HasTemperature || patch.HasTokens {
-		settings = &set
+		set := models.ConversationSettings{SystemPrompt: conv.SystemPrompt, Temperature: conv.Temperature, MaxTokens: conv.MaxTokens}
+		if patch.SystemPrompt != nil {
+			set.SystemPrompt = *patch.SystemPrompt
+		}
+		if patch.HasTemperature {
+			set.Temperature = patch.Temperature
+		}
+		if patch.HasTokens {
+			set.MaxTokens = patch.MaxTokens
+		}
+		ch.Settings = &set
 	}
-	if err := h.Chat.Update(ctx, p.UserID, id, patch.Title, settings); err != nil {
+	if err := h.Chat.Change(ctx, p.UserID, id, ch); err != nil {
 		return h.chatError(c, err)
 	}
 	if conv, _, err = h.Chat.Get(ctx, p.UserID, id); err != nil {

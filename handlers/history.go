@@ -13,23 +13,36 @@ import (
 	"moonji/views"
 )
 
-// History serves GET /history?q=&cursor=: the person's conversations,
-// newest first, searched over titles and message text.
+// History serves GET /history?q=&folder=&cursor=: the person's
+// conversations, pinned first, then newest first, searched over titles and
+// message text, of one folder or all.
 func (h *Handler) History(c *fiber.Ctx) error {
 	sess, err := h.session(c)
 	if err != nil {
 		return err
 	}
-	d := views.HistoryPage{Page: pageFor("History", sess), Query: strings.TrimSpace(c.Query("q"))}
+	d := views.HistoryPage{Page: pageFor("History", sess), Query: strings.TrimSpace(c.Query("q")), Folder: c.Query("folder")}
 	switch c.Query("done") {
 	case "renamed":
 		d.Notice = "Renamed."
 	case "deleted":
 		d.Notice = "Deleted."
+	case "pinned":
+		d.Notice = "Pinned."
+	case "unpinned":
+		d.Notice = "Unpinned."
+	case "moved":
+		d.Notice = "Moved."
+	}
+	if d.Folders, err = h.Chat.Folders(c.UserContext(), sess.UserID); err != nil {
+		return err
 	}
 	status := http.StatusOK
-	page, err := h.Chat.List(c.UserContext(), sess.UserID, d.Query, c.Query("cursor"))
+	page, err := h.Chat.ListIn(c.UserContext(), sess.UserID, d.Folder, d.Query, c.Query("cursor"))
+	var se *chat.SettingError
 	switch {
+	case errors.As(err, &se):
+		status, d.Error, d.Folder = http.StatusBadRequest, "There is no such folder.", ""
 	case errors.Is(err, chat.ErrQueryTooLong):
 		status, d.Error = http.StatusBadRequest, "The search is too long."
 	case errors.Is(err, chat.ErrBadCursor):
@@ -83,6 +96,9 @@ func (h *Handler) afterHistoryAction(c *fiber.Ctx, err error, done string) error
 	v := url.Values{"done": {done}}
 	if q := strings.TrimSpace(c.FormValue("q")); q != "" && len(q) <= 4*chat.MaxTitleChars {
 		v.Set("q", q)
+	}
+	if f := c.FormValue("folder_filter"); f != "" && len(f) <= 4*chat.MaxFolderChars {
+		v.Set("folder", f)
 	}
 	return c.Redirect("/history?"+v.Encode(), http.StatusSeeOther)
 }

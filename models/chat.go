@@ -35,9 +35,14 @@ type Conversation struct {
 	// ID is random ("c_" and 26 base32 characters): ids appear in URLs and
 	// must not be guessable.
 	ID     string `gorm:"primaryKey;size:40"`
-	UserID uint   `gorm:"not null;index:idx_conversations_user_updated,priority:1"`
+	UserID uint   `gorm:"not null"`
 	Title  string `gorm:"size:200"`
 	Model  string `gorm:"size:200"`
+	// Pinned conversations come first in every list; Folder is the one
+	// folder it is in ("": none). Both are indexed with the list's order
+	// (migrateConversationIndexes).
+	Pinned bool   `gorm:"not null;default:false"`
+	Folder string `gorm:"size:64;not null;default:''"`
 	// Settings of its replies: a system prompt ("": the person's default),
 	// a temperature and a maximum answer length (nil: the engine's own).
 	SystemPrompt string `gorm:"type:text"`
@@ -50,7 +55,7 @@ type Conversation struct {
 	// UpdatedAt moves with every new message, so the list shows the
 	// conversations last used first.
 	CreatedAt time.Time
-	UpdatedAt time.Time `gorm:"index:idx_conversations_user_updated,priority:2"`
+	UpdatedAt time.Time
 }
 
 // Message is one turn of a conversation.
@@ -95,6 +100,7 @@ func (m *Message) Sanitize() {
 func (c *Conversation) Sanitize() {
 	c.Title = Storable(c.Title, 200)
 	c.Model = Storable(c.Model, 200)
+	c.Folder = Storable(c.Folder, 64)
 }
 
 // StorableText returns s as valid UTF-8 (invalid bytes become U+FFFD)
@@ -162,38 +168,20 @@ func ConversationOf(ctx context.Context, db *gorm.DB, userID uint, id string) (*
 }
 
 // ConversationCursor is where a page of conversations continues: after the
-// one last shown (newest first).
+// one last shown (pinned first, then last used first: conversationOrder).
 type ConversationCursor struct {
+	Pinned    bool
 	UpdatedAt time.Time
 	ID        string
 }
 
 // ListConversations returns up to limit of the person's conversations,
-// last used first, after cursor (nil: from the start). query, when not
-// empty, keeps those whose title or one of whose messages holds each of
-// its words as the start of a word, ignoring case (see search.go); a
-// query without any word (only punctuation) keeps none.
+// pinned first, then last used first, after cursor (nil: from the start).
+// query, when not empty, keeps those whose title or one of whose messages
+// holds each of its words as the start of a word, ignoring case (see
+// search.go); a query without any word (only punctuation) keeps none.
 func ListConversations(ctx context.Context, db *gorm.DB, userID uint, query string, after *ConversationCursor, limit int) ([]Conversation, error) {
-	// base is the person's conversations after the cursor, in order.
-	base := func() *gorm.DB {
-		q := db.WithContext(ctx).Model(&Conversation{}).Where("conversations.user_id = ?", userID)
-		if after != nil {
-			t := after.UpdatedAt.UTC()
-			q = q.Where("conversations.updated_at < ? OR (conversations.updated_at = ? AND conversations.id < ?)", t, t, after.ID)
-		}
-		return q.Order("conversations.updated_at DESC, conversations.id DESC")
-	}
-	var out []Conversation
-	var err error
-	if strings.TrimSpace(query) == "" {
-		err = base().Limit(limit).Find(&out).Error
-	} else {
-		out, err = searchConversations(ctx, db, userID, base, query, limit)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list conversations: %w", err)
-	}
-	return out, nil
+	return ListConversationsIn(ctx, db, userID, "", query, after, limit)
 }
 
 // RenameConversation sets the title of the person's conversation id.

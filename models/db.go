@@ -137,6 +137,9 @@ func Migrate(db *gorm.DB) error {
 	if err := backfillRollup(db); err != nil {
 		return err
 	}
+	if err := migrateConversationIndexes(db); err != nil {
+		return err
+	}
 	return migrateSearch(db)
 }
 

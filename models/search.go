@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -270,17 +269,13 @@ func searchConversations(ctx context.Context, db *gorm.DB, userID uint, base fun
 		// sorted whole first).
 		q := base().Where(walk, walkArgs...)
 		if forcePlan != "walk" {
-			var end struct {
-				UpdatedAt time.Time
-				ID        string
-			}
-			res := base().Select("conversations.updated_at, conversations.id").Offset(window - 1).Limit(1).Scan(&end)
+			var end ConversationCursor
+			res := base().Select("conversations.pinned, conversations.updated_at, conversations.id").Offset(window - 1).Limit(1).Scan(&end)
 			if res.Error != nil {
 				return nil, res.Error
 			}
 			if res.RowsAffected > 0 {
-				q = q.Where("conversations.updated_at > ? OR (conversations.updated_at = ? AND conversations.id >= ?)",
-					end.UpdatedAt, end.UpdatedAt, end.ID)
+				q = upToCursor(q, &end)
 			}
 		}
 		err := q.Limit(limit).Find(&out).Error

@@ -32,8 +32,11 @@ type User struct {
 	// nil: no budget of their own.
 	Budget       *int64
 	BudgetPeriod string `gorm:"size:8"` // BudgetDay, BudgetMonth or BudgetTotal; "" without a budget
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	// DefaultSystemPrompt is the system prompt of the person's
+	// conversations that have none of their own ("": none).
+	DefaultSystemPrompt string `gorm:"type:text;not null;default:''"`
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
 }
 
 // Disabled reports whether an admin has disabled the person.

@@ -56,6 +56,102 @@ document.addEventListener('click', (event) => {
   toggle.setAttribute('aria-expanded', String(open));
 });
 
+// --- Sidebar: pins and folders ---------------------------------------------
+// Each conversation has a menu (Pin or Unpin, Move to folder) whose forms
+// htmx posts; the answer is the sidebar again, and the focus goes back to
+// the control that was used. A conversation dragged onto a folder, onto
+// "Pinned" or onto "No folder" is moved there through the API.
+let sidebarFocus = null;
+
+document.addEventListener('htmx:beforeRequest', (event) => {
+  const sidebar = document.getElementById('sidebar');
+  if (sidebar && sidebar.contains(event.detail.elt)) sidebarFocus = document.activeElement?.id || null;
+});
+
+document.addEventListener('htmx:oobAfterSwap', (event) => {
+  if (event.target.id !== 'sidebar' || !sidebarFocus) return;
+  const el = document.getElementById(sidebarFocus);
+  sidebarFocus = null;
+  if (!el) return;
+  const menu = el.closest('details');
+  if (menu) menu.open = true;
+  el.focus();
+});
+
+// One menu open at a time; Escape or a click elsewhere closes it.
+document.addEventListener('toggle', (event) => {
+  const menu = event.target;
+  if (!menu.classList?.contains('conv-menu') || !menu.open) return;
+  document.querySelectorAll('details.conv-menu[open]').forEach((other) => { if (other !== menu) other.open = false; });
+  // The sidebar scrolls (on a phone it is a short drawer): show the menu whole.
+  menu.querySelector('.conv-menu-body')?.scrollIntoView({ block: 'nearest' });
+}, true);
+document.addEventListener('keydown', (event) => {
+  const menu = event.target.closest?.('details.conv-menu[open]');
+  if (event.key !== 'Escape' || !menu) return;
+  // Only the menu: an answer streaming meanwhile goes on (Esc stops it elsewhere).
+  event.preventDefault();
+  event.stopImmediatePropagation();
+  menu.open = false;
+  menu.querySelector('summary')?.focus();
+});
+document.addEventListener('click', (event) => {
+  document.querySelectorAll('details.conv-menu[open]').forEach((menu) => {
+    if (!menu.contains(event.target)) menu.open = false;
+  });
+});
+
+const dragType = 'application/x-moonji-conversation';
+const dropZone = (event) => event.target.closest?.('#sidebar [data-drop-folder], #sidebar [data-drop-pin]') || null;
+const clearDropZones = () => document.querySelectorAll('#sidebar .drop-target').forEach((z) => z.classList.remove('drop-target'));
+
+document.addEventListener('dragstart', (event) => {
+  const item = event.target.closest?.('#sidebar [data-conversation]');
+  if (!item) return;
+  event.dataTransfer.setData(dragType, item.dataset.conversation);
+  event.dataTransfer.effectAllowed = 'move';
+});
+document.addEventListener('dragover', (event) => {
+  const zone = dropZone(event);
+  if (!zone || !event.dataTransfer.types.includes(dragType)) return;
+  event.preventDefault();
+  event.dataTransfer.dropEffect = 'move';
+  if (!zone.classList.contains('drop-target')) {
+    clearDropZones();
+    zone.classList.add('drop-target');
+  }
+});
+document.addEventListener('dragleave', (event) => {
+  const zone = dropZone(event);
+  if (zone && !zone.contains(event.relatedTarget)) zone.classList.remove('drop-target');
+});
+document.addEventListener('dragend', clearDropZones);
+document.addEventListener('drop', async (event) => {
+  const zone = dropZone(event);
+  const id = zone && event.dataTransfer.getData(dragType);
+  if (!id) return;
+  event.preventDefault();
+  clearDropZones();
+  const change = 'dropPin' in zone.dataset ? { pinned: true } : { folder: zone.dataset.dropFolder };
+  try {
+    const resp = await fetch(`/api/v1/conversations/${encodeURIComponent(id)}`, {
+      method: 'PATCH',
+      credentials: 'same-origin',
+      headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrfToken() },
+      body: JSON.stringify(change),
+    });
+    if (!resp.ok) {
+      let message = `Moving the conversation failed (HTTP ${resp.status}).`;
+      try { message = (await resp.json()).error?.message || message; } catch { /* not JSON */ }
+      showError(message);
+    }
+  } catch {
+    showError('The server could not be reached. Check the connection and try again.');
+  }
+  const current = document.getElementById('sidebar')?.dataset.current || '';
+  htmx.ajax('GET', `/sidebar?current=${encodeURIComponent(current)}`, { target: '#sidebar', swap: 'none' });
+});
+
 // --- The chat -------------------------------------------------------------
 const thread = () => document.getElementById('thread');
 const sendButton = () => document.getElementById('send');

@@ -31,13 +31,21 @@ type ThreadData struct {
 	Messages     []ChatMessage
 }
 
-// Sidebar lists the person's latest conversations.
+// Sidebar lists the person's latest conversations (pinned first) and
+// their folders.
 type Sidebar struct {
 	Conversations []ConversationLink
 	// Current is the open conversation's id, marked in the list.
 	Current string
 	// More is set when older conversations exist (they are on /history).
 	More bool
+	// Folders are the person's folders, each listed with its conversations
+	// of Conversations, and a place to drop one.
+	Folders []string
+	CSRF    string
+	// Open is the conversation whose menu shows open (the one just acted
+	// on), with Error saying why the action was refused, if it was.
+	Open, Error string
 }
 
 // ConversationLink is one conversation in a list.
@@ -46,6 +54,8 @@ type ConversationLink struct {
 	Title   string
 	Model   string
 	Updated time.Time
+	Pinned  bool
+	Folder  string // "" for none
 }
 
 // ChatMessage is one message of a conversation as the page shows it.
@@ -82,7 +92,11 @@ type ChatMessage struct {
 // HistoryPage is /history: the person's conversations, searched.
 type HistoryPage struct {
 	Page
-	Query         string
+	Query string
+	// Folder keeps the conversations of one folder ("": all); Folders are
+	// the person's, to choose from.
+	Folder        string
+	Folders       []string
 	Conversations []ConversationLink
 	// Next continues the list (the link to older conversations), if any.
 	Next  string
@@ -123,10 +137,13 @@ func exportURL(id, format string) string {
 	return "/api/v1/conversations/" + url.PathEscape(id) + "/export?format=" + format
 }
 
-func historyURL(q, cursor string) string {
+func historyURL(q, folder, cursor string) string {
 	v := url.Values{}
 	if q != "" {
 		v.Set("q", q)
+	}
+	if folder != "" {
+		v.Set("folder", folder)
 	}
 	if cursor != "" {
 		v.Set("cursor", cursor)

@@ -107,6 +107,11 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Post("/c/:id/delete", page, h.DeleteConversationPage)
 	app.Get("/history", page, h.History)
 	s.shareRoutes(h)
+	app.Post("/c/:id/pin", page, h.ChatPin)
+	app.Post("/c/:id/folder", page, h.ChatMoveToFolder)
+	app.Get("/sidebar", page, h.ChatSidebar)
+	app.Get("/settings", page, h.Settings)
+	app.Post("/settings", page, h.SaveSettings)
 
 	keys := app.Group("/keys", page)
 	keys.Get("", h.Keys)

@@ -168,17 +168,27 @@ type Page struct {
 	NextCursor    string
 }
 
-// List returns the person's conversations last used first, PageSize at a
-// time from cursor ("" for the first page, and the same cursors page
-// through search results). A query keeps the conversations whose title or
-// one of whose messages holds each of its words as a word start, in any
-// case (full-text search: models.ListConversations); a query of only
-// punctuation keeps none. It is at most MaxTitleChars characters
-// (ErrQueryTooLong): a search is a few words, and the bound keeps its cost
-// bounded.
+// List returns the person's conversations, pinned first, then last used
+// first, PageSize at a time from cursor ("" for the first page, and the
+// same cursors page through search results). A query keeps the
+// conversations whose title or one of whose messages holds each of its
+// words as a word start, in any case (full-text search:
+// models.ListConversations); a query of only punctuation keeps none. It is
+// at most MaxTitleChars characters (ErrQueryTooLong): a search is a few
+// words, and the bound keeps its cost bounded.
 func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (Page, error) {
+	return s.ListIn(ctx, userID, "", query, cursor)
+}
+
+// ListIn is List within folder ("": every conversation); a folder name
+// that could not be stored is refused as a *SettingError of "folder".
+func (s *Service) ListIn(ctx context.Context, userID uint, folder, query, cursor string) (Page, error) {
 	if utf8.RuneCountInString(query) > MaxTitleChars {
 		return Page{}, ErrQueryTooLong
+	}
+	folder, err := CheckFolder(folder)
+	if err != nil {
+		return Page{}, err
 	}
 	after, err := parseCursor(cursor)
 	if err != nil {
@@ -193,23 +203,29 @@ func (s *Service) List(ctx context.Context, userID uint, query, cursor string) (
 			return Page{}, err
 		}
 	}
-	rows, err := models.ListConversations(ctx, s.o.DB, userID, query, after, PageSize+1)
+	rows, err := models.ListConversationsIn(ctx, s.o.DB, userID, folder, query, after, PageSize+1)
 	if err != nil {
 		return Page{}, err
 	}
 	var p Page
 	if len(rows) > PageSize {
 		rows = rows[:PageSize]
-		last := rows[len(rows)-1]
-		p.NextCursor = formatCursor(last.UpdatedAt, last.ID)
+		p.NextCursor = formatCursor(models.CursorOf(&rows[len(rows)-1]))
 	}
 	p.Conversations = rows
 	return p, nil
 }
 
-// A cursor is opaque to clients: base64 of "unix-nanos,id".
-func formatCursor(t time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixNano(), 10) + "," + id))
+// A cursor is opaque to clients: base64 of "p,unix-nanos,id" after a
+// pinned conversation, "u,unix-nanos,id" after another. A cursor of before
+// pins ("unix-nanos,id") continues after an unpinned one, which every
+// conversation then was.
+func formatCursor(c models.ConversationCursor) string {
+	flag := "u,"
+	if c.Pinned {
+		flag = "p,"
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(flag + strconv.FormatInt(c.UpdatedAt.UnixNano(), 10) + "," + c.ID))
 }
 
 func parseCursor(c string) (*models.ConversationCursor, error) {
@@ -220,12 +236,18 @@ func parseCursor(c string) (*models.ConversationCursor, error) {
 	if err != nil {
 		return nil, ErrBadCursor
 	}
-	ns, id, ok := strings.Cut(string(raw), ",")
+	s, pinned := string(raw), false
+	if rest, ok := strings.CutPrefix(s, "p,"); ok {
+		s, pinned = rest, true
+	} else {
+		s = strings.TrimPrefix(s, "u,")
+	}
+	ns, id, ok := strings.Cut(s, ",")
 	n, err := strconv.ParseInt(ns, 10, 64)
 	if !ok || err != nil || id == "" {
 		return nil, ErrBadCursor
 	}
-	return &models.ConversationCursor{UpdatedAt: time.Unix(0, n).UTC(), ID: id}, nil
+	return &models.ConversationCursor{Pinned: pinned, UpdatedAt: time.Unix(0, n).UTC(), ID: id}, nil
 }
 
 // Get returns the person's conversation id with its messages.

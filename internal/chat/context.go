@@ -59,9 +59,11 @@ func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, re
 	}
 	budget := s.o.ContextTokens
 	var system []wireMessage
-	if conv.SystemPrompt != "" {
+	if prompt, err := s.systemPrompt(ctx, conv); err != nil {
+		return nil, err
+	} else if prompt != "" {
 		// Always sent, ahead of the conversation, within its budget.
-		system = []wireMessage{{Role: "system", Content: conv.SystemPrompt}}
+		system = []wireMessage{{Role: "system", Content: prompt}}
 		budget -= estimateTokens(system[0])
 	}
 	history = append(system, fitContext(history, budget)...)

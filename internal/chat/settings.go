@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"unicode/utf8"
 
 	"moonji/models"
@@ -52,19 +51,5 @@ func checkSettings(s models.ConversationSettings) error {
 // each when not nil (its next reply is asked with the settings). Both are
 // checked before either is stored.
 func (s *Service) Update(ctx context.Context, userID uint, id string, title *string, set *models.ConversationSettings) error {
-	if title != nil && utf8.RuneCountInString(strings.TrimSpace(*title)) > MaxTitleChars {
-		return ErrTitleTooLong
-	}
-	if set != nil {
-		if err := checkSettings(*set); err != nil {
-			return err
-		}
-		if err := models.SetConversationSettings(ctx, s.o.DB, userID, id, *set); err != nil {
-			return err
-		}
-	}
-	if title != nil {
-		return s.Rename(ctx, userID, id, *title)
-	}
-	return nil
+	return s.Change(ctx, userID, id, Change{Title: title, Settings: set})
 }
