@@ -73,7 +73,7 @@ test('pin and move to a folder by keyboard, drag into a folder, filter the histo
   await expect(sidebar(page).getByRole('link', { name: alphaName })).toHaveAttribute('aria-current', 'page');
 
   // Pin by keyboard: Tab to the conversation's menu, open it, Pin.
-  await // The sidebar's first link (conversations may be named "New chat" too).
+  // The sidebar's first link (conversations may be named "New chat" too).
   await sidebar(page).locator('a.new-chat').focus();
   await tabTo(page, `Options for ${betaName}`);
   await page.keyboard.press('Enter');
