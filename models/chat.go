@@ -302,12 +302,14 @@ func StartExchangeWithin(ctx context.Context, db *gorm.DB, c *Conversation, user
 
 // StartEdit is StartExchangeWithin for a new version of a person's
 // message: user.ParentID is already the edited message's parent, so the
-// new message is its sibling.
-func StartEdit(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, rc ReplyCap) error {
-	return startExchange(ctx, db, c, user, reply, "", rc, false)
+// new message is its sibling. keepFrom, when not "", is the message edited:
+// its attachments are copied to the new version in the same transaction
+// (an edit of the text keeps the files it was sent with).
+func StartEdit(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, rc ReplyCap, keepFrom string) error {
+	return startExchange(ctx, db, c, user, reply, "", rc, false, keepFrom)
 }
 
-func startExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string, rc ReplyCap, afterLeaf bool) error {
+func startExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, reply *Message, title string, rc ReplyCap, afterLeaf bool, keepFrom ...string) error {
 	user.Sanitize()
 	reply.Sanitize()
 	refused := false
@@ -335,6 +337,11 @@ func startExchange(ctx context.Context, db *gorm.DB, c *Conversation, user, repl
 		reply.ParentID = &user.ID
 		if err := tx.Create(user).Error; err != nil {
 			return fmt.Errorf("store message: %w", err)
+		}
+		for _, from := range keepFrom {
+			if err := copyAttachments(tx, c.ID, from, user.ID); err != nil {
+				return err
+			}
 		}
 		if err := tx.Create(reply).Error; err != nil {
 			if isOneStreamingViolation(err) {

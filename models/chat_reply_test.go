@@ -112,7 +112,7 @@ func TestConversationTree(t *testing.T) {
 		// Edit the first message: a sibling of u1, answered, shown alone.
 		e1 := &Message{ID: NewMessageID(), ConversationID: conv.ID, ParentID: u1.ParentID, Role: RoleUser, Content: "one, better", Status: MessageDone}
 		ea := streamingReply(conv, "")
-		if err := StartEdit(ctx, db, conv, e1, ea, ReplyCap{}); err != nil {
+		if err := StartEdit(ctx, db, conv, e1, ea, ReplyCap{}, u1.ID); err != nil {
 			t.Fatal(err)
 		}
 		if got := pathShown(t, db, conv.ID); !slices.Equal(got, []string{e1.ID, ea.ID}) {

@@ -217,6 +217,25 @@ func DeleteBranch(ctx context.Context, db *gorm.DB, userID uint, id, msgID strin
 	return leaf, err
 }
 
+// copyAttachments gives message to of conversation conv a copy of each
+// attachment of message from, in tx.
+func copyAttachments(tx *gorm.DB, conv, from, to string) error {
+	if from == "" {
+		return nil
+	}
+	var atts []Attachment
+	if err := tx.Where("conversation_id = ? AND message_id = ?", conv, from).Order("position").Find(&atts).Error; err != nil {
+		return fmt.Errorf("read the attachments of message %s: %w", from, err)
+	}
+	for i := range atts {
+		atts[i].ID, atts[i].MessageID = NewAttachmentID(), &to
+		if err := tx.Create(&atts[i]).Error; err != nil {
+			return fmt.Errorf("copy attachment to message %s: %w", to, err)
+		}
+	}
+	return nil
+}
+
 // MessageOf returns message msgID and its conversation if that
 // conversation is the person's, and ErrNotFound otherwise.
 func MessageOf(ctx context.Context, db *gorm.DB, userID uint, msgID string) (*Message, *Conversation, error) {

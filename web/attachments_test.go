@@ -429,3 +429,42 @@ func TestAttachmentsOnThePage(t *testing.T) {
 		t.Fatalf("a used attachment: %d %v %s", again.status, again.header, again.body)
 	}
 }
+
+// An edit of a message sent with an image keeps the image in the new
+// version (it reaches the engine again, byte for byte) unless the edit
+// names files of its own; the first version keeps its own.
+func TestEditKeepsTheAttachments(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/edit-files.db", withVision)
+	p := e.chatter("editor@example.com")
+	img, other := pngOf(t, 20, 20, 3), pngOf(t, 24, 24, 4)
+	conv := p.conversationWith("vis")
+	if status, body := p.sendWith(conv, "Describe it", p.attach("a.png", img)); status != http.StatusAccepted {
+		t.Fatalf("send: %d %s", status, body)
+	}
+	p.reply(conv)
+	first := p.conversation(conv).Messages[0].ID
+	imageOf := func(text string) []byte {
+		t.Helper()
+		url := engineGot(t, e, text).Get("messages.@reverse.0.content.1.image_url.url").Str
+		raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
+		return raw
+	}
+	if status, body := p.do(http.MethodPost, "/api/v1/messages/"+first+"/edit", `{"content":"Describe it, briefly"}`); status != http.StatusAccepted {
+		t.Fatalf("edit: %d %s", status, body)
+	}
+	p.reply(conv)
+	if !bytes.Equal(imageOf("Describe it, briefly"), img) {
+		t.Fatal("the edited version lost its image")
+	}
+	b, _ := json.Marshal(map[string]any{"content": "This one instead", "attachment_ids": []string{p.attach("b.png", other)}})
+	if status, body := p.do(http.MethodPost, "/api/v1/messages/"+first+"/edit", string(b)); status != http.StatusAccepted {
+		t.Fatalf("edit with a file: %d %s", status, body)
+	}
+	p.reply(conv)
+	if !bytes.Equal(imageOf("This one instead"), other) {
+		t.Fatal("an edit with its own file did not send it")
+	}
+	if n := countAttachments(t, e, "message_id = ?", first); n != 1 {
+		t.Fatalf("the first version has %d files, want its own one", n)
+	}
+}

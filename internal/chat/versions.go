@@ -103,8 +103,8 @@ func (s *Service) Shown(ctx context.Context, userID uint, id string) (*models.Co
 }
 
 // Edit adds a new version of the person's message msgID — a sibling with
-// the same parent, content and attachments attachmentIDs — shows it, and
-// starts its answer.
+// the same parent, content and attachments attachmentIDs (none given: the
+// edited message's files) — shows it, and starts its answer.
 func (s *Service) Edit(ctx context.Context, p Person, msgID, content string, attachmentIDs ...string) (Sent, error) {
 	if len(content) > MaxContentBytes {
 		return Sent{}, ErrTooLarge
@@ -126,9 +126,14 @@ func (s *Service) Edit(ctx context.Context, p Person, msgID, content string, att
 	}
 	user := &models.Message{ID: models.NewMessageID(), ConversationID: conv.ID, ParentID: old.ParentID,
 		Role: models.RoleUser, Content: content, Status: models.MessageDone}
+	// Without files of its own, the new version keeps the edited one's.
+	keep := ""
+	if len(attachmentIDs) == 0 {
+		keep = old.ID
+	}
 	sent, err := s.start(ctx, p, conv, func(reply *models.Message) error {
 		return att.around(ctx, conv.ID, user.ID, func() error {
-			return models.StartEdit(ctx, s.o.DB, conv, user, reply, s.replyCap(p))
+			return models.StartEdit(ctx, s.o.DB, conv, user, reply, s.replyCap(p), keep)
 		})
 	})
 	if sent.MessageID != "" {
