@@ -7,6 +7,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"moonji/internal/chat"
+	"moonji/models"
 	"moonji/views"
 )
 
@@ -16,17 +17,10 @@ import (
 
 // ChatShowVersion serves POST /c/{id}/m/{mid}/show: the version arrows.
 func (h *Handler) ChatShowVersion(c *fiber.Ctx) error {
-	sess, err := h.session(c)
-	if err != nil {
+	return h.versionAction(c, func(sess *models.Session, mid string) error {
+		_, err := h.Chat.Show(c.UserContext(), sess.UserID, mid)
 		return err
-	}
-	if err := h.checkMessageIn(c, sess.UserID); err != nil {
-		return h.composerError(c, err)
-	}
-	if _, err := h.Chat.Show(c.UserContext(), sess.UserID, c.Params("mid")); err != nil {
-		return h.composerError(c, err)
-	}
-	return h.renderThread(c, sess.UserID, c.Params("id"))
+	})
 }
 
 // ChatEditForm serves GET /c/{id}/m/{mid}/edit: the person's message as a
@@ -52,41 +46,42 @@ func (h *Handler) ChatEditForm(c *fiber.Ctx) error {
 // ChatEdit serves POST /c/{id}/m/{mid}/edit: the edited text as a new
 // version of the person's message, answered at once.
 func (h *Handler) ChatEdit(c *fiber.Ctx) error {
-	sess, err := h.session(c)
-	if err != nil {
+	return h.versionAction(c, func(sess *models.Session, mid string) error {
+		sent, err := h.Chat.Edit(c.UserContext(), personOf(sess), mid, c.FormValue("content"))
+		if _, limited := chat.AsLimit(err); limited && sent.MessageID != "" {
+			// Refused for the person's running answers, the edit and its
+			// refused reply are stored all the same (shown with Retry).
+			return nil
+		}
 		return err
-	}
-	if err := h.checkMessageIn(c, sess.UserID); err != nil {
-		return h.composerError(c, err)
-	}
-	id := c.Params("id")
-	if err := h.switchModel(c, sess, id, c.FormValue("model")); err != nil {
-		return h.composerError(c, err)
-	}
-	sent, err := h.Chat.Edit(c.UserContext(), personOf(sess), c.Params("mid"), c.FormValue("content"))
-	if _, limited := chat.AsLimit(err); err != nil && (!limited || sent.MessageID == "") {
-		// Refused for the person's running answers, the edit and its
-		// refused reply are stored all the same (shown with Retry).
-		return h.composerError(c, err)
-	}
-	return h.renderThread(c, sess.UserID, id)
+	})
 }
 
 // ChatRegenerateMessage serves POST /c/{id}/m/{mid}/regenerate: a new
 // version of that answer.
 func (h *Handler) ChatRegenerateMessage(c *fiber.Ctx) error {
+	return h.versionAction(c, func(sess *models.Session, mid string) error {
+		_, err := h.Chat.RegenerateMessage(c.UserContext(), personOf(sess), mid)
+		return err
+	})
+}
+
+// versionAction runs act on message {mid} once it is known to be in the
+// person's conversation {id} (and the model the form names, if any, is the
+// conversation's), then answers with the thread drawn again.
+func (h *Handler) versionAction(c *fiber.Ctx, act func(sess *models.Session, mid string) error) error {
 	sess, err := h.session(c)
 	if err != nil {
 		return err
 	}
-	if err := h.checkMessageIn(c, sess.UserID); err != nil {
+	id := c.Params("id")
+	if _, err := h.Chat.Message(c.UserContext(), sess.UserID, id, c.Params("mid")); err != nil {
 		return h.composerError(c, err)
 	}
-	id := c.Params("id")
 	if err := h.switchModel(c, sess, id, c.FormValue("model")); err != nil {
 		return h.composerError(c, err)
 	}
-	if _, err := h.Chat.RegenerateMessage(c.UserContext(), personOf(sess), c.Params("mid")); err != nil {
+	if err := act(sess, c.Params("mid")); err != nil {
 		return h.composerError(c, err)
 	}
 	return h.renderThread(c, sess.UserID, id)
@@ -107,11 +102,4 @@ func (h *Handler) renderThread(c *fiber.Ctx, userID uint, id string) error {
 		return err
 	}
 	return render(c, http.StatusOK, views.ThreadMessages(d))
-}
-
-// checkMessageIn makes sure message {mid} is in the person's conversation
-// {id}: the thread drawn after an action is that conversation's.
-func (h *Handler) checkMessageIn(c *fiber.Ctx, userID uint) error {
-	_, err := h.Chat.Message(c.UserContext(), userID, c.Params("id"), c.Params("mid"))
-	return err
 }
