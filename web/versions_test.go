@@ -210,3 +210,24 @@ func TestStopThenSendKeepsTheStoppedAnswer(t *testing.T) {
 		t.Fatal("the answer was not stopped")
 	}
 }
+
+// A share link copies the path shown: after an edit, the edited version
+// and its answer, not the version it replaced nor what followed that.
+func TestShareCopiesThePathShown(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/share-path.db")
+	p := e.chatter("sharer-path@example.com")
+	conv := p.newConversation()
+	u1, _ := ask(t, e, p, conv, "original question", "sp-one")
+	ask(t, e, p, conv, "follow-up question", "sp-two")
+	e.mockBody(map[string]any{"tokens": 3, "tag": "sp-edit"})
+	if status, body := p.do(http.MethodPost, "/api/v1/messages/"+u1.ID+"/edit", `{"content":"edited question"}`); status != http.StatusAccepted {
+		t.Fatalf("edit: %d %s", status, body)
+	}
+	p.reply(conv)
+	pg := p.page("/s/" + p.share(conv, `{}`))
+	// (The conversation keeps the title its first message gave it.)
+	if pg.status != http.StatusOK || !strings.Contains(pg.body, `<div class="text">edited question</div>`) ||
+		strings.Contains(pg.body, `<div class="text">original question`) || strings.Contains(pg.body, "follow-up question") {
+		t.Fatalf("the shared page: %d\n%s", pg.status, pg.body)
+	}
+}
