@@ -33,12 +33,18 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   await send(page, 'Beta question');
   await answered(page, 2);
 
+  // Edit, then Esc: nothing changes.
+  await mine(page).first().getByRole('button', { name: 'Edit' }).click();
+  await page.getByRole('textbox', { name: 'Edited message' }).press('Escape');
+  await expect(page.getByRole('textbox', { name: 'Edited message' })).toHaveCount(0);
+  await expect(mine(page)).toHaveCount(2);
+
   // Edit the first message: the conversation after it is another branch.
   await mine(page).first().getByRole('button', { name: 'Edit' }).click();
   const box = page.getByRole('textbox', { name: 'Edited message' });
   await expect(box).toHaveValue('Alpha question');
   await box.fill('Alpha, edited');
-  await page.getByRole('button', { name: 'Save and send' }).click();
+  await box.press('Control+Enter');
   await answered(page, 1);
   await expect(mine(page)).toHaveCount(1);
   await expect(mine(page).first().locator('.text')).toHaveText('Alpha, edited');

@@ -289,6 +289,21 @@ document.addEventListener('click', (event) => {
   }
 });
 
+// Editing a message: Esc cancels, Ctrl+Enter (⌘+Enter) sends; Enter
+// alone is a new line, as an edit is often longer.
+document.addEventListener('keydown', (event) => {
+  const form = event.target.closest?.('.edit-form');
+  if (!form) return;
+  if (event.key === 'Escape') {
+    event.preventDefault();
+    event.stopImmediatePropagation();
+    form.querySelector('button[type="button"]')?.click();
+  } else if (event.key === 'Enter' && (event.ctrlKey || event.metaKey) && !event.isComposing) {
+    event.preventDefault();
+    form.requestSubmit();
+  }
+}, true);
+
 document.addEventListener('keydown', (event) => {
   if (event.key === 'Escape' && streamingReply()) {
     event.preventDefault();
