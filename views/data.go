@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"moonji/internal/csrfmask"
 )
 
 // Page is what every page's layout needs.
@@ -181,7 +183,12 @@ func expiryLabel(days int) string {
 	return fmt.Sprintf("In %d days", days)
 }
 
-// csrfHeaders is the hx-headers value that makes htmx send the CSRF token.
+// maskCSRF is the session's CSRF token as a page carries it: masked afresh
+// at every rendering (csrfmask), since pages are served compressed.
+func maskCSRF(token string) string { return csrfmask.Mask(token) }
+
+// csrfHeaders is the hx-headers value that makes htmx send the CSRF token,
+// masked afresh (csrfmask: pages are compressed).
 func csrfHeaders(token string) string {
-	return fmt.Sprintf(`{"X-CSRF-Token": %q}`, token)
+	return fmt.Sprintf(`{"X-CSRF-Token": %q}`, csrfmask.Mask(token))
 }

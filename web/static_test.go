@@ -379,3 +379,42 @@ func TestChatPageWeight(t *testing.T) {
 		t.Errorf("/c/{id} weighs %d B transferred, over the budget of %d", wire, chatPageBudget)
 	}
 }
+
+// Pages are compressed, so the CSRF token they carry is masked afresh in
+// each (BREACH): two loads of one page never hold the same token bytes,
+// and the session's raw token appears in neither; both masked tokens (and
+// the raw one, which scripts read from /api/me) are accepted.
+func TestCSRFTokenMaskedInEveryPage(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/mask.db")
+	p := e.chatter("masked@example.com")
+	conv := p.newConversation()
+	tokenRE := regexp.MustCompile(`X-CSRF-Token&#34;: &#34;([^&]+)&#34;`)
+	var masked []string
+	for range 2 {
+		pg := p.page("/c/" + conv)
+		m := tokenRE.FindStringSubmatch(pg.body)
+		if m == nil {
+			t.Fatalf("no CSRF token in the page:\n%.600s", pg.body)
+		}
+		if strings.Contains(pg.body, p.csrf) {
+			t.Fatal("the page holds the raw CSRF token")
+		}
+		masked = append(masked, m[1])
+	}
+	if masked[0] == masked[1] {
+		t.Fatalf("two pages carry the same token %q", masked[0])
+	}
+	for _, tok := range append(masked, p.csrf) {
+		req, _ := http.NewRequest(http.MethodPatch, e.URL+"/api/v1/conversations/"+conv, strings.NewReader(`{"title":"t"}`))
+		req.Header.Set("X-CSRF-Token", tok)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := p.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("token %.12q…: %d", tok, resp.StatusCode)
+		}
+	}
+}
