@@ -31,21 +31,23 @@ type wireMessage struct {
 // the oldest to fit ContextTokens (the system prompt and the newest message
 // always go), with its temperature and maximum answer length when set.
 func (s *Service) requestBody(ctx context.Context, conv *models.Conversation, replyID string, extra map[string]any) ([]byte, error) {
-	msgs, err := models.ConversationMessages(ctx, s.o.DB, conv.ID)
+	// The tree from ids alone, then the texts of the path only: the other
+	// versions are never sent.
+	nodes, err := models.ConversationOutline(ctx, s.o.DB, conv.ID)
 	if err != nil {
 		return nil, err
 	}
-	byID := make(map[string]*models.Message, len(msgs))
-	for i := range msgs {
-		byID[msgs[i].ID] = &msgs[i]
+	path := models.TreeOf(nodes).Path(replyID)
+	if len(path) > 0 {
+		path = path[:len(path)-1] // the reply itself
 	}
-	path := models.TreeOf(msgs).Path(replyID)
+	msgs, err := models.MessagesIn(ctx, s.o.DB, conv.ID, path)
+	if err != nil {
+		return nil, err
+	}
 	var history []wireMessage
-	for _, id := range path {
-		m := byID[id]
-		if m.ID == replyID {
-			break
-		}
+	for i := range msgs {
+		m := &msgs[i]
 		switch {
 		case m.Role == models.RoleUser:
 		case m.Role == models.RoleAssistant && (m.Status == models.MessageDone || m.Status == models.MessageStopped) && m.Content != "":

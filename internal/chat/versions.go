@@ -192,11 +192,11 @@ func (s *Service) Show(ctx context.Context, userID uint, msgID string) (*models.
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := models.ConversationMessages(ctx, s.o.DB, conv.ID)
+	nodes, err := models.ConversationOutline(ctx, s.o.DB, conv.ID)
 	if err != nil {
 		return nil, err
 	}
-	leaf := models.TreeOf(msgs).Newest(msgID)
+	leaf := models.TreeOf(nodes).Newest(msgID)
 	if leaf == "" {
 		return nil, ErrNotFound // deleted meanwhile
 	}
