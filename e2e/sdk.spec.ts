@@ -7,8 +7,34 @@ import { createKey } from './helpers';
 // without usage, whole answers, and errors mapped to the SDK's classes.
 test.describe('openai SDK against the gateway', () => {
   let client: OpenAI;
+  let key: string;
   test.beforeAll(() => {
-    client = new OpenAI({ apiKey: createKey('sdk@localhost', 'sdk'), baseURL: `${baseURL}/v1`, maxRetries: 0 });
+    key = createKey('sdk@localhost', 'sdk');
+    client = new OpenAI({ apiKey: key, baseURL: `${baseURL}/v1`, maxRetries: 0 });
+  });
+
+  test('skips the keep-alive comments of a model that thinks (stream_keepalive: 200ms)', async () => {
+    const body = {
+      model: 'moonji-demo', stream: true as const, max_tokens: 3, messages: [{ role: 'user' as const, content: 'Think first' }],
+      // Silent 700 ms before the first token and after it: several keep-alives each time.
+      mock: { ttft_ms: 700, pause_after: 1, pause_ms: 700 },
+    };
+    const raw = await fetch(`${baseURL}/v1/chat/completions`, {
+      method: 'POST', headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+    });
+    const text = await raw.text();
+    expect(text).toContain(': keepalive\n\n');
+    expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
+
+    const stream = await client.chat.completions.create(body);
+    let content = '';
+    let chunks = 0;
+    for await (const chunk of stream) {
+      chunks++;
+      content += chunk.choices[0]?.delta?.content ?? '';
+    }
+    expect(content.split(/\s+/).filter(Boolean).length).toBe(3);
+    expect(chunks).toBeGreaterThan(3);
   });
 
   test('lists the configured models', async () => {

@@ -13,15 +13,16 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"moonji/internal/chat"
+	"moonji/internal/keepalive"
 )
 
 // streamRetryAfter is the Retry-After of an event stream refused for the
 // person's open ones: a viewer closing a tab frees one at once.
 const streamRetryAfter = 5
 
-// heartbeatEvery keeps a quiet event stream alive through proxies, and is
-// how a viewer that left is noticed: fasthttp tells nothing until a write
-// fails.
+// heartbeatEvery is the comment interval of a quiet event stream when
+// stream_keepalive is 0: the comments are also how a viewer that left is
+// noticed (fasthttp tells nothing until a write fails), so they never stop.
 const heartbeatEvery = 15 * time.Second
 
 // GenerationEvents serves GET /api/v1/generations/{inference_id}/events:
@@ -76,8 +77,12 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 			return
 		}
 		seq := from
+		every := h.Keepalive
+		if every <= 0 {
+			every = heartbeatEvery
+		}
 		for {
-			evs, err := f.Next(ctx, seq, heartbeatEvery)
+			evs, err := f.Next(ctx, seq, every)
 			if err != nil {
 				if !errors.Is(err, context.Canceled) && !errors.Is(err, chat.ErrFollowEnded) {
 					log.Warn("follow generation", "err", err)
@@ -85,7 +90,7 @@ func (h *Handler) GenerationEvents(c *fiber.Ctx) error {
 				return
 			}
 			if len(evs) == 0 {
-				_, _ = w.WriteString(": heartbeat\n\n")
+				_, _ = w.Write(keepalive.Comment)
 			}
 			done := false
 			for _, ev := range evs {

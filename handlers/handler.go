@@ -52,6 +52,9 @@ type Handler struct {
 	MaxKeyRPM        int
 	// StreamWriteTimeout ends an event stream whose viewer makes no write
 	// progress for this long (stops reading, keeps the socket).
+	// Keepalive is the interval of the comments that keep a quiet event
+	// stream open through proxies (0: heartbeatEvery).
+	Keepalive          time.Duration
 	StreamWriteTimeout time.Duration
 	// Streams bounds each person's open event streams on this replica.
 	Streams *fairshare.Holds

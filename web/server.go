@@ -261,7 +261,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	s.Gateway = gateway.New(gateway.Options{
 		Routes: routes, Backends: backendList, Scheduler: s.Scheduler, Client: client, Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
-		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Log: log,
+		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(), Log: log,
 		Policies: s.Policies, Budgets: s.Budgets, Currency: cfg.Currency,
 	})
 
@@ -323,7 +323,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
 		Policies: s.Policies, Budgets: s.Budgets,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
-			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout,
+			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(),
 		Streams: streams, Withdrawals: withdrawals}
 	s.routes(h)
 	if err := s.setupAuth(ctx, h); err != nil {

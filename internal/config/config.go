@@ -38,6 +38,9 @@ const (
 // Defaults of the top-level limits.
 const (
 	DefaultStreamWriteTimeout = 30 * time.Second
+	// DefaultStreamKeepalive is a quarter of nginx's default
+	// proxy_read_timeout (60 s), and AWS ALB's idle timeout (60 s).
+	DefaultStreamKeepalive = 15 * time.Second
 	// DefaultMaxBodyBytes fits a chat with a few base64 images (OpenAI
 	// allows 20 MB per image) while bounding what one request can take.
 	DefaultMaxBodyBytes = 32 << 20
@@ -84,6 +87,11 @@ type Config struct {
 	// progress (stops reading but keeps the socket open) for this long,
 	// freeing its backend slot.
 	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
+	// StreamKeepalive is how long a stream may stay silent before it gets
+	// an SSE comment (": keepalive"), so that a proxy's idle timeout does not
+	// cut an engine that thinks; 0 turns it off, unset is the default.
+	// Read it with Keepalive.
+	StreamKeepalive *time.Duration `yaml:"stream_keepalive"`
 	// MaxBodyBytes caps a request body; larger ones get 413. Bodies are
 	// read only after the caller is authenticated.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -615,6 +623,9 @@ func (c *Config) Validate() error {
 	if c.RateLimit.UnauthenticatedPerMinute < 0 {
 		bad("rate_limit.unauthenticated_per_minute", "must not be negative")
 	}
+	if c.StreamKeepalive != nil && *c.StreamKeepalive < 0 {
+		bad("stream_keepalive", "must not be negative (0 turns it off)")
+	}
 	if c.StreamWriteTimeout < 0 {
 		bad("stream_write_timeout", "must not be negative")
 	}
@@ -893,6 +904,15 @@ func redactURL(s string) string {
 		return s
 	}
 	return u.Redacted()
+}
+
+// Keepalive is the interval of a silent stream's keep-alive comments: the
+// configured one, DefaultStreamKeepalive when unset, 0 when turned off.
+func (c *Config) Keepalive() time.Duration {
+	if c.StreamKeepalive == nil {
+		return DefaultStreamKeepalive
+	}
+	return *c.StreamKeepalive
 }
 
 // ServedBy lists the names an engine behind backend is asked for: the

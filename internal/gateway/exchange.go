@@ -14,6 +14,7 @@ import (
 	"moonji/internal/admission"
 	"moonji/internal/budget"
 	"moonji/internal/connwatch"
+	"moonji/internal/keepalive"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
 	"moonji/internal/responses"
@@ -147,10 +148,21 @@ func (x *exchange) run(body []byte) *Response {
 			resp.Header = nil
 			ready := frameBuffered(resp.Body)
 			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(),
-				BodyStream: &guardedStream{s: x.stream(resp), x: x, body: resp.Body}, HeaderWithFirstFrame: ready}
+				BodyStream: x.keptAlive(&guardedStream{s: x.stream(resp), x: x, body: resp.Body}), HeaderWithFirstFrame: ready}
 		}
 		return x.whole(resp)
 	}
+}
+
+// keptAlive gives a stream to a client on a socket its keep-alive comments
+// while the engine is silent. A client that left while the engine was
+// silent is noticed when a comment cannot be written: the engine's read is
+// then ended as for any client that left.
+func (x *exchange) keptAlive(gs *guardedStream) io.ReadCloser {
+	if x.g.keepalive <= 0 || x.call.Conn == nil {
+		return gs // the chat reads its replies itself, and has its own
+	}
+	return keepalive.New(gs, x.g.keepalive, func() { x.cancel(errClientLeft) })
 }
 
 // frameBuffered tells whether an engine's answer body already holds its

@@ -64,8 +64,10 @@ type Gateway struct {
 	stops   *stop.Service
 	replica string
 	stall   time.Duration
-	log     *slog.Logger
-	sched   *admission.Scheduler
+	// keepalive: a silent stream's comment interval (keepalive package).
+	keepalive time.Duration
+	log       *slog.Logger
+	sched     *admission.Scheduler
 	// running maps the engine's response id of a passed-through Responses
 	// stream to its inference id while it runs on this replica, so that
 	// POST /v1/responses/{id}/cancel finds it.
@@ -104,7 +106,10 @@ type Options struct {
 	// StreamWriteTimeout cancels a stream whose client makes no write
 	// progress for this long (0: never).
 	StreamWriteTimeout time.Duration
-	Log                *slog.Logger
+	// Keepalive is the interval of a silent stream's keep-alive comments
+	// to a client on a socket (0: none).
+	Keepalive time.Duration
+	Log       *slog.Logger
 	// Policies and Budgets enforce model lists and budgets (nil: none);
 	// Currency names the unit of refusals' messages.
 	Policies *spending.Resolver
@@ -115,7 +120,7 @@ type Options struct {
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
-		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, log: o.Log,
+		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, keepalive: o.Keepalive, log: o.Log,
 		sched: o.Scheduler, people: fairshare.New(0), policies: o.Policies, budgets: o.Budgets, currency: o.Currency}
 	if g.log == nil {
 		g.log = slog.Default()

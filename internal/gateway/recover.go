@@ -95,6 +95,14 @@ func (gs *guardedStream) Read(p []byte) (n int, err error) {
 	return gs.s.Read(p)
 }
 
+// MidFrame reports whether the last Read handed out only part of a frame.
+func (gs *guardedStream) MidFrame() bool {
+	if gs.failed {
+		return len(gs.tail) > 0
+	}
+	return gs.s.MidFrame()
+}
+
 func (gs *guardedStream) Close() (err error) {
 	if gs.failed {
 		return nil

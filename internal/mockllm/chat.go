@@ -37,6 +37,10 @@ type knobs struct {
 	streamErrorAfter int
 	hang             bool
 	replay           string
+	// pauseAfter tokens, the stream goes silent for pause (a reasoning
+	// model thinking between two tokens); 0 = no pause.
+	pauseAfter int
+	pause      time.Duration
 }
 
 func parseKnobs(m gjson.Result) knobs {
@@ -66,6 +70,10 @@ func parseKnobs(m gjson.Result) knobs {
 		k.streamErrorAfter = int(v.Int())
 	}
 	k.hang = m.Get("hang").Bool()
+	if v := m.Get("pause_ms"); v.Type == gjson.Number && v.Float() > 0 {
+		k.pause = time.Duration(v.Float() * float64(time.Millisecond))
+		k.pauseAfter = max(int(m.Get("pause_after").Int()), 1)
+	}
 	k.replay = m.Get("replay").String()
 	return k
 }
@@ -75,14 +83,21 @@ func parseKnobs(m gjson.Result) knobs {
 type pacing struct {
 	ttft     time.Duration
 	interval time.Duration
+	// pause delays the tokens after the first pauseAfter.
+	pauseAfter int
+	pause      time.Duration
 }
 
 func (p pacing) due(start time.Time, i int) time.Time {
-	return start.Add(p.ttft + time.Duration(i)*p.interval)
+	t := start.Add(p.ttft + time.Duration(i)*p.interval)
+	if p.pause > 0 && i > p.pauseAfter {
+		t = t.Add(p.pause)
+	}
+	return t
 }
 
 func (s *Server) pacing(k knobs) pacing {
-	p := pacing{ttft: s.opts.TTFT}
+	p := pacing{ttft: s.opts.TTFT, pauseAfter: k.pauseAfter, pause: k.pause}
 	if k.hasTTFT {
 		p.ttft = k.ttft
 	}

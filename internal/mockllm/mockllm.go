@@ -17,7 +17,10 @@
 //	"mock": {"tag": "t1", "tps": 200, "ttft_ms": 500, "tokens": 40,
 //	         "fail_status": 503, "fail_message": "…", "fail_type": "…",
 //	         "disconnect_after": 5, "stream_error_after": 3, "hang": true,
-//	         "replay": "chat_stream.sse"}
+//	         "replay": "chat_stream.sse", "pause_after": 3, "pause_ms": 2000}
+//
+// pause_ms makes the stream silent that long after pause_after content
+// tokens (default 1): a reasoning model thinking between two tokens.
 //
 // stream_error_after writes, after that many content tokens, an error frame
 // and then [DONE] into the 200 stream, as vLLM does when generation fails

@@ -195,6 +195,10 @@ func (s *Stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// MidFrame reports whether the last Read handed out only part of a frame
+// (or of the closing bytes): nothing may be written between its pieces.
+func (s *Stream) MidFrame() bool { return len(s.out) > 0 }
+
 // Close is called by the server when it is done with the stream, having
 // delivered everything or not.
 func (s *Stream) Close() error {
