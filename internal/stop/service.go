@@ -628,6 +628,11 @@ func (s *Service) noteSeenLocked(id string, seen int) {
 	}
 }
 
+// Ready returns nil while stops can reach the other replicas (always with
+// the in-process bus), and otherwise why not: the subscription to Redis is
+// down.
+func (s *Service) Ready() error { return s.busDown() }
+
 // busDown returns why the bus cannot deliver right now, or nil if it can (or
 // cannot tell).
 func (s *Service) busDown() error {
