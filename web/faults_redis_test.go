@@ -278,7 +278,11 @@ func TestRedisDownThenBack(t *testing.T) {
 	// token, its 3 completion tokens at 2) and costs about 0.02: the budget
 	// of 0.4 takes a handful of requests.
 	budget := int64(400_000)
-	budgeted, _ := a.limitedKey("budgeted@example.com", models.Limits{Budget: &budget, BudgetPeriod: models.BudgetMonth})
+	budgeted, budgetedKey := a.limitedKey("budgeted@example.com", models.Limits{Budget: &budget, BudgetPeriod: models.BudgetMonth})
+	spender, err := models.UserByEmail(context.Background(), a.DB, "budgeted@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := longStream(t, a)
 
 	fp.Down()
@@ -335,9 +339,12 @@ func TestRedisDownThenBack(t *testing.T) {
 	}
 
 	// The budget is back and shared: spend it through A until refused,
-	// then B refuses too.
+	// then B refuses too. Each request is sent once the last one's
+	// reservation has been replaced by its cost (just after its end, off
+	// its path), so that a refusal means spent, not held.
 	spendUntilRefused := func(e *testEnv) int {
 		for i := 0; ; i++ {
+			e.settled(spender.ID, &budgetedKey)
 			st, out := timedPost(t, e, budgeted, plain)
 			switch st {
 			case http.StatusOK:
@@ -354,6 +361,7 @@ func TestRedisDownThenBack(t *testing.T) {
 	if n := spendUntilRefused(a); n == 0 {
 		t.Fatal("the budget refused at once after the outage: nothing was spent before it")
 	}
+	b.settled(spender.ID, &budgetedKey)
 	if st, out := timedPost(t, b, budgeted, plain); st != http.StatusTooManyRequests {
 		t.Errorf("B after A spent the budget: %d %s, want 429 (one budget across replicas)", st, out)
 	}
