@@ -230,6 +230,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		opt.ReadTimeout = time.Second
 		opt.WriteTimeout = time.Second
 		opt.MaxRetries = 1
+		// One dial per attempt: go-redis otherwise dials 5 times (with
+		// 100 ms between) before a command fails, so a Redis whose host
+		// drops connections silently held a command 5 s per attempt.
+		opt.DialerRetries = 1
 		s.Redis = redis.NewClient(opt)
 		s.closers = append(s.closers, func() { _ = s.Redis.Close() })
 	}
@@ -357,7 +361,8 @@ func (s *Server) startStops(ctx context.Context) error {
 	holder := stop.NewHolder(s.Config.Stop.TTL)
 	var bus stop.Bus = stop.NewLocalBus()
 	if s.Redis != nil {
-		bus = stop.NewRedisBus(s.Redis, stop.RedisOptions{Prefix: s.Config.RedisPrefix, KeyTTL: s.Config.Stop.TTL, Logger: s.log})
+		bus = stop.NewRedisBus(s.Redis, stop.RedisOptions{Prefix: s.Config.RedisPrefix, KeyTTL: s.Config.Stop.TTL,
+			PingInterval: s.Config.Stop.PingInterval, Logger: s.log})
 	}
 	s.Stops = stop.NewService(holder, bus, stop.Options{AckTimeout: s.Config.Stop.AckTimeout, Logger: s.log})
 	s.closers = append(s.closers, s.Stops.Close, holder.Close)

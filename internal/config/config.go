@@ -365,6 +365,10 @@ type Health struct {
 type Stop struct {
 	TTL        time.Duration `yaml:"ttl"`
 	AckTimeout time.Duration `yaml:"ack_timeout"`
+	// PingInterval is how long the stop subscription may stay silent
+	// before a PING checks it; a connection still silent one interval
+	// later (half-open: an idle drop without a FIN) is replaced.
+	PingInterval time.Duration `yaml:"ping_interval"`
 }
 
 // OIDC configures login against an external OpenID provider. When the
@@ -577,6 +581,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Stop.AckTimeout == 0 {
 		c.Stop.AckTimeout = 2 * time.Second
+	}
+	if c.Stop.PingInterval == 0 {
+		c.Stop.PingInterval = time.Second
 	}
 	if c.DevIDP.AdminEmail == "" {
 		c.DevIDP.AdminEmail = "admin@localhost"
@@ -797,6 +804,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Stop.TTL < 0 {
 		bad("stop.ttl", "must not be negative")
+	}
+	if c.Stop.PingInterval < 0 {
+		bad("stop.ping_interval", "must not be negative")
 	}
 	if c.OIDC != nil {
 		if c.OIDC.Issuer == "" {

@@ -25,15 +25,23 @@ type RedisOptions struct {
 	// equal to the Holder's TTL.
 	KeyTTL time.Duration
 	// MinBackoff and MaxBackoff bound the wait between reconnection
-	// attempts (defaults 50 ms and 5 s); the wait doubles after each
+	// attempts (defaults 50 ms and 500 ms); the wait doubles after each
 	// failure, with jitter so that replicas do not retry in lockstep
-	// (package redissub keeps the subscription).
+	// (package redissub keeps the subscription). The short cap is what
+	// lets stops reach this replica within 2 s of Redis coming back after
+	// an outage of any length (go-redis may add up to 1 s of its own: its
+	// pool refuses to dial after many failures until a probe, once a
+	// second, gets through). With 5 s, a replica still sleeping off a long
+	// outage came back up to 5 s late; two dials a second while Redis is
+	// away cost nothing.
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
 	// PingInterval is how long the subscription may stay silent before a
-	// PING checks that the connection is still alive (default 15 s). A
+	// PING checks that the connection is still alive (default 1 s). A
 	// second silent interval after a PING means a half-open connection,
-	// which is then replaced.
+	// which is then replaced: a stop is never deaf for much longer than
+	// twice this, and the PINGs keep an idle connection from being
+	// dropped by a NAT or load balancer in the first place.
 	PingInterval time.Duration
 	// Logger receives connection events (default slog.Default()).
 	Logger *slog.Logger
@@ -53,10 +61,10 @@ func (o RedisOptions) withDefaults() RedisOptions {
 		o.MinBackoff = 50 * time.Millisecond
 	}
 	if o.MaxBackoff < o.MinBackoff {
-		o.MaxBackoff = max(5*time.Second, o.MinBackoff)
+		o.MaxBackoff = max(500*time.Millisecond, o.MinBackoff)
 	}
 	if o.PingInterval <= 0 {
-		o.PingInterval = 15 * time.Second
+		o.PingInterval = time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -22,9 +22,10 @@ type Options struct {
 	// AckTimeout bounds how long RequestAs waits, publishing included, for
 	// the answers (default 2 s).
 	AckTimeout time.Duration
-	// CheckTimeout bounds each stop-key check: the one in Begin and the one
-	// after every re-subscription (default 500 ms). A check that fails is
-	// logged and skipped: broadcasts still reach the replica.
+	// CheckTimeout bounds each stop-key check: the one in Begin and each
+	// attempt of the one after every re-subscription (default 500 ms),
+	// which is tried again a few times; one that still fails is logged and
+	// skipped: broadcasts still reach the replica.
 	CheckTimeout time.Duration
 	// FinishedRetention is how long this replica remembers the inferences
 	// it finished (whose, and how they ended), so that a stop arriving just
@@ -138,6 +139,7 @@ type Service struct {
 	outcomes    []string
 	outcomeCode map[string]uint8
 	closed      bool
+	quit        chan struct{} // closed by Close: background retries give up
 	bg          sync.WaitGroup
 }
 
@@ -183,6 +185,7 @@ func NewService(h *Holder, b Bus, opts Options) *Service {
 		requests:    make(map[uint64]*request),
 		outcomes:    []string{""},
 		outcomeCode: map[string]uint8{"": 0},
+		quit:        make(chan struct{}),
 	}
 }
 
@@ -219,6 +222,7 @@ func (s *Service) Close() {
 		return
 	}
 	s.closed = true
+	close(s.quit)
 	s.mu.Unlock()
 	if err := s.bus.Close(); err != nil {
 		s.log.Warn("closing stop bus", "err", err)
@@ -628,6 +632,11 @@ func (s *Service) noteSeenLocked(id string, seen int) {
 	}
 }
 
+// Ready returns nil while stops can reach the other replicas (always with
+// the in-process bus), and otherwise why not: the subscription to Redis is
+// down.
+func (s *Service) Ready() error { return s.busDown() }
+
 // busDown returns why the bus cannot deliver right now, or nil if it can (or
 // cannot tell).
 func (s *Service) busDown() error {
@@ -724,9 +733,7 @@ func (s *Service) subscribed() {
 		return
 	}
 	s.goBackground(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CheckTimeout)
-		defer cancel()
-		found, err := s.keys.Stops(ctx, ids)
+		found, err := s.checkKeys(ids)
 		if err != nil {
 			s.log.Warn("could not check stop keys after subscribing", "running", len(ids), "err", err)
 			return
@@ -737,6 +744,34 @@ func (s *Service) subscribed() {
 			}
 		}
 	})
+}
+
+// checkAttempts bounds the key check after a re-subscription; its waits
+// double from 50 ms, so it gives up after about 3 s (plus the attempts).
+const checkAttempts = 7
+
+// checkKeys reads the stop keys of ids, trying again while it fails and the
+// subscription holds: the only record of a stop published while this
+// replica was deaf is its key, and the first command after an outage may
+// well fail (a pooled connection a NAT dropped silently takes a read
+// timeout to find out). Before, one failure lost such a stop for good.
+func (s *Service) checkKeys(ids []string) ([][]Message, error) {
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CheckTimeout)
+		found, err := s.keys.Stops(ctx, ids)
+		cancel()
+		if err == nil || attempt == checkAttempts || s.busDown() != nil {
+			// Lost again: the next subscription checks again.
+			return found, err
+		}
+		select {
+		case <-s.quit:
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
 }
 
 // publishAsync publishes without holding up the caller (a stream goroutine
