@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +15,9 @@ import (
 	"github.com/tidwall/gjson"
 
 	"moonji/internal/config"
+	"moonji/internal/engine"
 	"moonji/internal/faultproxy"
+	"moonji/internal/mockllm"
 	"moonji/models"
 )
 
@@ -361,4 +364,45 @@ func TestEngineGoesAwayMidStream(t *testing.T) {
 	p.Up()
 	waitFor(t, "the backend to be up again", 5*time.Second, func() bool { return e.srv.Health["mock"].Up() })
 	slotFreed(t, e)
+}
+
+// An engine backend whose engine's own upstream never answers: the
+// gateway's timeout ends the request (504 upstream_timeout: no answer had
+// begun), session.cancel reaches the engine, and the engine holds nothing
+// after — no session, no request running.
+func TestEngineBackendUpstreamNeverAnswers(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(map[bool]string{true: "stream", false: "whole"}[stream], func(t *testing.T) {
+			mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: quietLog()})
+			ms := httptest.NewServer(mock)
+			t.Cleanup(ms.Close)
+			p := faultproxy.Start(t, strings.TrimPrefix(ms.URL, "http://"))
+			p.Blackhole(0)
+			eng, addr := startLinkedEngine(t, "http://"+p.Addr()+"/v1")
+			cfg := &config.Config{
+				DatabaseURL: "sqlite://" + t.TempDir() + "/moonji.db",
+				RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
+				Backends: []config.Backend{{Name: "mock", Kind: config.KindEngine, URL: "ws://" + addr + engine.Path,
+					APIKey: "engine-secret", MaxConcurrency: 1, Timeout: faultTimeout, Link: config.Link{PingInterval: time.Second}}},
+				Models: []config.Model{{Name: "m1", Backend: "mock"}},
+				Health: config.Health{Backoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, ProbeTimeout: 300 * time.Millisecond},
+			}
+			e := startWithConfig(t, cfg, mock, ms.URL)
+			waitFor(t, "the link to connect", 10*time.Second, func() bool {
+				return metricValue(t, e, "moonji_engine_connected", `backend="mock"`) == 1
+			})
+			took := runFault(t, e, faultCase{stream: stream, status: http.StatusGatewayTimeout, code: "upstream_timeout"},
+				fmt.Sprintf(`{"model":"m1","stream":%t,"messages":[{"role":"user","content":"x"}]}`, stream))
+			if took < faultTimeout || took > faultTimeout+faultMargin {
+				t.Errorf("answered after %v; the timeout is %v", took, faultTimeout)
+			}
+			waitFor(t, "the engine to hold nothing", 5*time.Second, func() bool {
+				open, running := eng.Sessions()
+				return open == 0 && running == 0 && metricValue(t, e, "moonji_engine_sessions", `backend="mock"`) == 0
+			})
+			p.Clear()
+			waitFor(t, "the backend to be up", 5*time.Second, func() bool { return e.srv.Health["mock"].Up() })
+			slotFreed(t, e)
+		})
+	}
 }

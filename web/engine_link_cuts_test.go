@@ -88,25 +88,11 @@ func TestEngineLinkCutRepeatedly(t *testing.T) {
 		load    = 8 * time.Second
 		ttl     = 2 * time.Second
 	)
-	quiet := quietLog()
-	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, ReplayDir: fixtures, Logger: quiet})
+	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, ReplayDir: fixtures, Logger: quietLog()})
 	ms := httptest.NewServer(mock)
 	t.Cleanup(ms.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := engine.New(engine.Options{Token: "engine-secret", Logger: quiet, PingInterval: time.Second,
-		Models: []engine.Model{{Name: "m1", Upstream: proxy.Upstream{Name: "mock", BaseURL: ms.URL + "/v1"}}}})
-	hs := &http.Server{Handler: eng}
-	go hs.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = eng.Shutdown(ctx)
-		hs.Close()
-	})
-	p := faultproxy.Start(t, ln.Addr().String())
+	eng, addr := startLinkedEngine(t, ms.URL+"/v1")
+	p := faultproxy.Start(t, addr)
 	cfg := &config.Config{
 		DatabaseURL: "sqlite://" + t.TempDir() + "/moonji.db",
 		RateLimit:   config.RateLimit{RequestsPerMinute: 100000},
@@ -272,6 +258,27 @@ func TestEngineLinkCutRepeatedly(t *testing.T) {
 	if !e.srv.Health["e1"].Up() {
 		t.Errorf("the backend is still down: %+v", e.srv.Health["e1"].State())
 	}
+}
+
+// startLinkedEngine serves an engine (what `moonji engine` runs) of model
+// m1 in front of upstream (a /v1 URL), and returns it and its address.
+func startLinkedEngine(t *testing.T, upstream string) (*engine.Server, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(engine.Options{Token: "engine-secret", Logger: quietLog(), PingInterval: time.Second,
+		Models: []engine.Model{{Name: "m1", Upstream: proxy.Upstream{Name: "mock", BaseURL: upstream}}}})
+	hs := &http.Server{Handler: eng}
+	go hs.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = eng.Shutdown(ctx)
+		hs.Close()
+	})
+	return eng, ln.Addr().String()
 }
 
 // moonjiGoroutines counts the goroutines running moonji's own code (the
