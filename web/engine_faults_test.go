@@ -406,3 +406,39 @@ func TestEngineBackendUpstreamNeverAnswers(t *testing.T) {
 		})
 	}
 }
+
+// A chat reply whose engine stalls after its first frame, or resets the
+// connection after it: the reply is saved as failed, with the text that
+// had come and a reason in words, by the backend's timeout; its row says
+// how it ended; the slot is free.
+func TestChatReplyOfAHungOrResetEngine(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		reset  bool
+		reason string // the row's
+		words  string // the message's: the stream's error event's
+	}{
+		{"stalls", false, "upstream_timeout", "The backend took too long to answer."},
+		{"resets", true, "upstream_disconnected", "The backend closed the stream before it was complete."},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := startBadEngine(t, c.reset)
+			e := startFaultyEnv(t, faultTimeout, at(b.url()))
+			p := e.chatter("ann@example.com")
+			conv := p.newConversation()
+			start := time.Now()
+			s := p.send(conv, "x")
+			m := p.reply(conv)
+			if took := time.Since(start); took > faultTimeout+faultMargin {
+				t.Errorf("the reply ended after %v; the timeout is %v", took, faultTimeout)
+			}
+			if m.Status != models.MessageError || m.Content != "Hello" || m.Reason != c.words {
+				t.Errorf("reply %+v, want an error keeping %q: %s", m, "Hello", c.words)
+			}
+			if row := e.final(s.InferenceID); row.Outcome != models.OutcomeError || row.Reason != c.reason || row.Source != "web" {
+				t.Errorf("row %+v, want error/%s", row, c.reason)
+			}
+			waitFor(t, "the slot to be freed", 2*time.Second, func() bool { return inFlight(t, e) == 0 })
+		})
+	}
+}
