@@ -120,9 +120,10 @@ func readyzBackends(t *testing.T, e *testEnv) map[string]map[string]any {
 
 // TestModelOnThreeBackendsSurvivesOneDying: three engines behind one model.
 // One dies while it streams: its stream ends with an error (after the first
-// byte a request is never retried), the next request sent to it before
-// anyone knew goes to another backend (retried before its first byte), and
-// then it gets nothing until a probe finds it back.
+// byte a request is never retried), which takes the backend down at once,
+// and it gets nothing until a probe finds it back. Dying again while idle,
+// nothing tells it: the next request sent to it goes to another backend
+// (retried before its first byte), and it is down from then.
 func TestModelOnThreeBackendsSurvivesOneDying(t *testing.T) {
 	engines := map[string]*killableEngine{}
 	var backends []config.Backend
@@ -216,41 +217,43 @@ func TestModelOnThreeBackendsSurvivesOneDying(t *testing.T) {
 		t.Fatalf("cut stream's row: backend %q retried_from %q outcome %s/%s; want b, no retry, error", row.Backend, row.RetriedFrom, row.Outcome, row.Reason)
 	}
 
-	// b looked idle, so the next request goes to it, fails before its first
-	// byte (connection refused) and is retried elsewhere; b is then down
-	// and no request goes to it.
-	var ids []string
-	for range 20 {
-		resp, body := ask(plain)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("while b is dead: status %d: %s", resp.StatusCode, body)
+	// The broken stream took b down: no request goes to it, none is
+	// retried.
+	askAll := func(n int) (retried int) {
+		t.Helper()
+		var ids []string
+		for range n {
+			resp, body := ask(plain)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("while b is dead: status %d: %s", resp.StatusCode, body)
+			}
+			ids = append(ids, resp.Header.Get("X-Inference-Id"))
 		}
-		ids = append(ids, resp.Header.Get("X-Inference-Id"))
-	}
-	retried := 0
-	for _, id := range ids {
-		row := e.final(id)
-		if row.Backend == "b" {
-			t.Fatalf("request %s was served by the dead backend", id)
-		}
-		if row.RetriedFrom != "" {
-			retried++
-			if row.RetriedFrom != "b" || row.Outcome != models.OutcomeSuccess {
-				t.Fatalf("retried row: %+v", row)
+		for _, id := range ids {
+			row := e.final(id)
+			if row.Backend == "b" {
+				t.Fatalf("request %s was served by the dead backend", id)
+			}
+			if row.RetriedFrom != "" {
+				retried++
+				if row.RetriedFrom != "b" || row.Outcome != models.OutcomeSuccess {
+					t.Fatalf("retried row: %+v", row)
+				}
 			}
 		}
+		return retried
 	}
-	if retried != 1 {
-		t.Fatalf("%d requests were retried, want exactly the first one sent to b", retried)
+	if retried := askAll(20); retried != 0 {
+		t.Fatalf("%d requests were retried; b was down from its broken stream on", retried)
 	}
-	if st := readyzBackends(t, e)["b"]; st["up"] != false || st["reason"] != "unreachable" {
-		t.Fatalf("/readyz for b = %v, want down (unreachable)", st)
+	if st := readyzBackends(t, e)["b"]; st["up"] != false || st["reason"] != "the stream broke off" {
+		t.Fatalf("/readyz for b = %v, want down (the stream broke off)", st)
 	}
 	if v := metricValue(t, e, "moonji_backend_up", `backend="b"`); v != 0 {
 		t.Fatalf("moonji_backend_up{b} = %v, want 0", v)
 	}
-	if v := metricValue(t, e, "moonji_backend_retries_total", `backend="b"`); v != 1 {
-		t.Fatalf("moonji_backend_retries_total{b} = %v, want 1", v)
+	if v := metricValue(t, e, "moonji_backend_retries_total", `backend="b"`); v != 0 {
+		t.Fatalf("moonji_backend_retries_total{b} = %v, want 0", v)
 	}
 	if v := metricValue(t, e, "moonji_backend_up", `backend="a"`); v != 1 {
 		t.Fatalf("moonji_backend_up{a} = %v, want 1", v)
@@ -273,6 +276,20 @@ func TestModelOnThreeBackendsSurvivesOneDying(t *testing.T) {
 	}
 	if v := metricValue(t, e, "moonji_backend_up", `backend="b"`); v != 1 {
 		t.Fatalf("moonji_backend_up{b} = %v after recovery, want 1", v)
+	}
+
+	// b dies again, idle: b looks up, so the first request sent to it fails
+	// before its first byte (connection refused) and is retried elsewhere;
+	// b is then down and no request goes to it.
+	engines["b"].kill()
+	if retried := askAll(40); retried != 1 {
+		t.Fatalf("%d requests were retried, want exactly the first one sent to b", retried)
+	}
+	if st := readyzBackends(t, e)["b"]; st["up"] != false || st["reason"] != "unreachable" {
+		t.Fatalf("/readyz for b = %v, want down (unreachable)", st)
+	}
+	if v := metricValue(t, e, "moonji_backend_retries_total", `backend="b"`); v != 1 {
+		t.Fatalf("moonji_backend_retries_total{b} = %v, want 1", v)
 	}
 }
 

@@ -290,3 +290,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.log.Info("engine shut down", "connections", len(conns), "cut_short", err != nil)
 	return err
 }
+
+// Sessions counts the sessions open on every connection, and the requests
+// running for them: what the engine holds for its gateways (both fall to
+// zero once every session has ended and its connection forgot it).
+func (s *Server) Sessions() (open, running int) {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	running = s.running
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		open += len(c.sessions)
+		c.mu.Unlock()
+	}
+	return open, running
+}

@@ -108,8 +108,10 @@ func (x *exchange) run(body []byte) *Response {
 	for {
 		x.sent = true
 		var resp *http.Response
+		written := false
 		if link := x.backend.Link; link != nil {
 			x.start()
+			written = true // handed to the link, which sends it or fails it
 			model := gjson.GetBytes(body, "model").String()
 			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
 		} else {
@@ -118,9 +120,15 @@ func (x *exchange) run(body []byte) *Response {
 			// rather than before, so that they do not delay a stream's
 			// first byte. They are in place before the answer is read, so
 			// before the client can see the inference id.
-			resp, err = g.client.PostSent(x.ctx, x.backend.Upstream, x.up, body, x.start)
+			resp, err = g.client.PostSent(x.ctx, x.backend.Upstream, x.up, body, func() {
+				written = true
+				x.start()
+			})
 		}
 		x.start() // a request that could not be written is started all the same: its row
+		if err != nil {
+			x.silentPastTimeout(written)
+		}
 		if reason := x.failedBeforeAnswer(resp, err); reason != "" {
 			retried, refused := x.retry(reason, resp)
 			if refused != nil {
@@ -223,6 +231,9 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	// back for reuse.
 	resp.Body.Close()
 	if err != nil {
+		if context.Cause(x.ctx) == nil {
+			x.backendFailed("the answer broke off")
+		}
 		return x.upstreamFailed(err)
 	}
 	if perr := x.waitBegun(); perr != nil {
@@ -332,6 +343,9 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 		// connection starts without it (web's clearWriteDeadline).
 		if !decided {
 			x.closing(res) // the client left mid-stream
+		}
+		if r := x.row.Reason; r == "upstream_disconnected" || r == "engine_disconnected" {
+			x.backendFailed("the stream broke off")
 		}
 		x.finish()
 	}

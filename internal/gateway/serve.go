@@ -218,6 +218,33 @@ func backendFailure(cause, err error, status int) string {
 	return ""
 }
 
+// silentPastTimeout takes the request's backend down when the request's
+// timeout passed before the engine said anything: it never took the
+// request (written false: the connection hung), or it took a stream and
+// sent not even the answer's header, which engines send before the first
+// token. Its probe decides whether it is hung (a silent path, a stuck
+// server) or was only slow, which brings it back at once. A whole answer's
+// header comes with the answer, so its absence says only that the answer
+// was long.
+func (x *exchange) silentPastTimeout(written bool) {
+	if !errors.Is(context.Cause(x.ctx), context.DeadlineExceeded) {
+		return
+	}
+	if !written {
+		x.backendFailed("not reachable within the timeout")
+	} else if x.req.Stream {
+		x.backendFailed("no answer within the timeout")
+	}
+}
+
+// backendFailed tells the backend's health of a failure no status shows:
+// the engine silent past the timeout, or its answer broken off midway.
+func (x *exchange) backendFailed(reason string) {
+	if x.backend != nil && x.backend.Health != nil {
+		x.backend.Health.Failed(reason)
+	}
+}
+
 // retry marks the request's backend as failed and, once per request and
 // only while another backend of the model is up, moves the request to
 // another backend: nothing has reached the client yet. retried tells that

@@ -2,11 +2,13 @@
 // traffic.
 //
 // Checking is passive: nothing polls a healthy backend. When the gateway
-// sees a backend refuse a connection or answer 5xx before the first byte it
-// calls Checker.Failed, the backend is taken out of rotation at once, and a
-// single prober goroutine waits a back-off period, probes the backend and
-// either brings it back or waits twice as long before trying again. The
-// gateway asks Checker.Up on every request, so Up is one atomic load.
+// sees a backend refuse a connection or answer 5xx before the first byte,
+// stay silent past a request's timeout before a stream's header, or break
+// an answer off midway, it calls Checker.Failed, the backend is taken out
+// of rotation at once, and a single prober goroutine waits a back-off
+// period, probes the backend and either brings it back or waits twice as
+// long before trying again. The gateway asks Checker.Up on every request,
+// so Up is one atomic load.
 package health
 
 import (
