@@ -42,6 +42,7 @@ type cluster struct {
 	pgProxy, redisProxy, engineProxy, linkProxy *faultproxy.Proxy
 
 	mock, engine *proc
+	front        *proc // -front-cmd's process, if any
 	replicas     []*replica
 	key          string // an API key for /v1
 	chatEmails   []string
@@ -71,6 +72,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = f, f
+	setDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -386,6 +388,7 @@ func (c *cluster) stop(keep bool) {
 			r.proc.stop(15 * time.Second)
 		}
 	}
+	c.front.stop(5 * time.Second)
 	c.engine.stop(5 * time.Second)
 	c.mock.stop(5 * time.Second)
 	c.redis.stop(5 * time.Second)

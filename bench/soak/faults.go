@@ -51,15 +51,18 @@ var allFaults = []fault{
 // hookFault is a fault of the caller's own: `CMD start` then `CMD stop`
 // (e.g. the idle-timeout nginx in front, with --front).
 func hookFault(cmd string) fault {
+	var c *cluster
 	run := func(arg string) error {
-		out, err := exec.Command("sh", "-c", cmd+" "+arg).CombinedOutput()
+		x := exec.Command("sh", "-c", cmd+" "+arg)
+		x.Env = c.frontEnv()
+		out, err := x.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("hook %q %s: %w: %s", cmd, arg, err, out)
 		}
 		return nil
 	}
 	return fault{name: "hook", what: "the --fault-hook command: `" + cmd + " start`, then `stop`",
-		inject: func(*cluster, time.Duration) error { return run("start") },
+		inject: func(cl *cluster, _ time.Duration) error { c = cl; return run("start") },
 		clear:  func(*cluster) error { return run("stop") }}
 }
 

@@ -9,14 +9,15 @@
 // (≤ 10 %) from the idle state after warm-up to the idle state at the end.
 //
 //	soak [-duration 3m] [-workers 16] [-out DIR] [-faults pg_down,redis_slow,…]
-//	     [-front URL,URL,URL] [-fault-hook CMD]
+//	     [-front-cmd CMD] [-fault-hook CMD]
 //
 // The machine's PostgreSQL and Redis are never stopped: PostgreSQL is
 // reached through a fault proxy (a schema of the run's own, dropped at the
 // end), Redis is a private redis-server (restarted for real) behind another.
-// -front sends the clients' traffic through something in front of the
-// replicas (an nginx with idle timeouts); -fault-hook adds a fault of the
-// caller's own (`CMD start`, `CMD stop`). It writes report.md, report.svg
+// -front-cmd starts something in front of the replicas (an nginx with idle
+// timeouts) told their addresses in SOAK_REPLICAS; the first line it prints
+// is the base URLs the clients then use. -fault-hook adds a fault of the
+// caller's own (`CMD start`, then `CMD stop`, with SOAK_REPLICAS too). It writes report.md, report.svg
 // and summary.json to -out and exits 1 when an invariant is broken.
 package main
 
@@ -64,7 +65,7 @@ func run() error {
 	only := flag.String("faults", "", "comma-separated faults to inject (default all)")
 	maxHold := flag.Duration("max-hold", 60*time.Second, "longest a fault is held")
 	every := flag.Duration("sample", 0, "how often RSS and goroutines are sampled (default duration/60, at least 2 s)")
-	front := flag.String("front", "", "comma-separated base URLs the clients use instead of the replicas (e.g. an nginx in front)")
+	front := flag.String("front-cmd", "", "a command run for the whole soak in front of the replicas (SOAK_REPLICAS: their addresses); its first line of output: the base URLs clients use")
 	hook := flag.String("fault-hook", "", "a command run with `start` and `stop` as one more fault")
 	keep := flag.Bool("keep", false, "keep the PostgreSQL schema for a look")
 	flag.Parse()
@@ -112,7 +113,9 @@ func run() error {
 		tr.bases = append(tr.bases, r.base())
 	}
 	if *front != "" {
-		tr.bases = strings.Split(*front, ",")
+		if tr.bases, err = c.startFront(*front); err != nil {
+			return err
+		}
 	}
 	monCtx, monStop := context.WithCancel(ctx)
 	monDone := make(chan struct{})
