@@ -83,7 +83,7 @@ type ledgerCheck struct {
 	Pending    int            `json:"pending"`    // rows still pending after quiescence
 	Mismatched int            `json:"mismatched"` // rows whose outcome disagrees with the client
 	Extra      int            `json:"extra"`      // rows no client saw the id of
-	NoID       int            `json:"no_id"`      // requests that got no id (no answer at all)
+	NoID       int            `json:"no_id"`      // inference requests sent that got no id (no answer at all)
 	Agreement  map[string]int `json:"agreement"`  // "kind saw → outcome/reason" → requests
 	// ByFault counts, per fault injected when a request began ("" none),
 	// its requests and those whose row is missing, pending or mismatched.
@@ -157,7 +157,9 @@ func checkLedger(recs []record, rows []row) (ledgerCheck, []violation) {
 	seen := map[string]bool{}
 	for _, r := range recs {
 		if r.ID == "" {
-			lc.NoID++
+			if r.Sent {
+				lc.NoID++
+			}
 			continue
 		}
 		if seen[r.ID] {

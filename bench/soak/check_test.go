@@ -14,6 +14,7 @@ func TestCheckLedger(t *testing.T) {
 		{Kind: "stop", ID: "b", Status: 200, Saw: sawStopped},
 		{Kind: "whole", ID: "c", Status: 503, Saw: sawError, Detail: `{"error":{"code":"internal_error"}}`},
 		{Kind: "abort", ID: "d", Saw: sawAborted},
+		{Kind: "chat", Saw: sawFailed, Detail: "sign-in: refused"}, // sent nothing: explains no row
 	}
 	good := []row{
 		{InferenceID: "a", Outcome: "success"},

@@ -39,6 +39,7 @@ type record struct {
 	ID      string    `json:"id"`
 	Status  int       `json:"status"`
 	Saw     string    `json:"saw"`
+	Sent    bool      `json:"sent"` // the inference request left (a failed sign-in never sends one)
 	Detail  string    `json:"detail,omitempty"`
 }
 
@@ -163,6 +164,7 @@ func (t *traffic) v1(rec *record, rng *rand.Rand) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(v1Body(rec.Kind)))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+t.c.key)
+	rec.Sent = true
 	resp, err := t.client.Do(req)
 	if err != nil {
 		if aborted.Load() {
@@ -311,6 +313,7 @@ func (t *traffic) chat(ch *chatter, rec *record, rng *rand.Rand) {
 	}
 	var conv struct{ ID string }
 	_ = json.Unmarshal(body, &conv)
+	rec.Sent = true
 	status, body, err = ch.do(http.MethodPost, base+"/api/v1/conversations/"+conv.ID+"/messages", `{"content":"tell me a story"}`)
 	rec.Status = status
 	var sent struct {
