@@ -10,7 +10,7 @@
 #   scripts/soak.sh                          # 3 minutes (CI)
 #   SOAK_DURATION=30m scripts/soak.sh        # the full run
 #   SOAK_OUT=/tmp/soak scripts/soak.sh -faults pg_down,redis_slow -workers 24
-#   scripts/soak.sh -front http://127.0.0.1:8088 -fault-hook ./nginx-idle.sh
+#   scripts/soak.sh -front-cmd ./nginx-front.sh -fault-hook ./nginx-idle.sh  # SOAK_REPLICAS: the replicas
 #
 # It needs redis-server on PATH and a PostgreSQL (MOONJI_TEST_POSTGRES_DSN,
 # default postgres://postgres@127.0.0.1:5432/test): it makes a schema of its
