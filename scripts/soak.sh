@@ -26,4 +26,12 @@ command -v redis-server >/dev/null || { echo "soak: redis-server is not on PATH"
 echo "== soak: $SOAK_DURATION, reports in $OUT"
 go build -o bin/moonji .
 go build -o bin/soak ./bench/soak
-exec bin/soak -out "$OUT" "$@"
+# The clients go through the README's nginx (deploy/nginx/moonji.conf) with
+# a 20 s idle timeout, so a stalled engine's stream lives by its keep-alives;
+# SOAK_FRONT=none talks to the replicas directly.
+front=()
+if [ "${SOAK_FRONT:-nginx}" = nginx ] && { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }; then
+  export PATH="$PATH:/usr/sbin"
+  front=(-front-cmd "$PWD/bench/soak/nginx-front.sh")
+fi
+exec bin/soak -out "$OUT" ${front[@]+"${front[@]}"} "$@"
