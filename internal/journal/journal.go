@@ -63,10 +63,10 @@ type Journal struct {
 	mu     sync.Mutex
 	closed bool
 	cur    *segment
-	next   int                 // number of the next segment
-	segs   map[int]*segment    // live segments: the current one and those with open rows
-	where  map[string]place    // inference id → segments of its records, until Durable
-	old    []string            // the previous life's segments, until Recovered
+	next   int              // number of the next segment
+	segs   map[int]*segment // live segments: the current one and those with open rows
+	where  map[string]place // inference id → segments of its records, until Durable
+	old    []string         // the previous life's segments, until Recovered
 	buf    []byte
 	// dead are segments released and not yet deleted: each method that
 	// releases one deletes it after unlocking mu, so that a Begin never
