@@ -13,6 +13,7 @@
 // Every record is one write(2) on an ordinary file, one line each:
 //
 //	B <the row as JSON>
+//	F <the row's final state as JSON>  (only while the database is away: final.go)
 //	D <inference id> <inference id> …
 //
 // What a crash can lose: a killed process loses nothing that Begin returned
