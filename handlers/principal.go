@@ -187,5 +187,9 @@ func authFailed(c *fiber.Ctx, err error) error {
 			c.Set(k, v)
 		}
 	}
-	return apiError(c, ae.status, ae.msg, "invalid_request_error", ae.code)
+	typ := "invalid_request_error"
+	if ae.status >= 500 {
+		typ = "server_error" // the key could not be checked: not the caller's fault
+	}
+	return apiError(c, ae.status, ae.msg, typ, ae.code)
 }

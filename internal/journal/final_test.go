@@ -64,4 +64,3 @@ func TestFinalRowsComeBack(t *testing.T) {
 		t.Fatalf("leftovers = %s (%d), want a and b as they ended", ids(left[:min(len(left), 5)]), len(left))
 	}
 }
-
