@@ -318,8 +318,10 @@ func (s *Store) refresh(hash string, ttl time.Duration) {
 		case errors.Is(err, models.ErrNotFound):
 			s.drop(hash)
 		case err != nil:
-			s.log.Warn("api key cache refresh failed; the last read serves while it is younger than StaleIfError",
-				"key_id", c.key.ID, "err", err)
+			if !c.failing { // once per key and outage, not once a second
+				s.log.Warn("api key cache refresh failed; the last read serves while it is younger than StaleIfError",
+					"key_id", c.key.ID, "err", err)
+			}
 			s.markFailing(hash)
 		case key.Status(now) != "active" || key.User.Disabled():
 			s.drop(hash)
