@@ -134,6 +134,11 @@ func (h *Handler) keyPrincipal(c *fiber.Ctx, secret string) (gateway.Principal, 
 		ae = unauthorized("The owner of this API key has been disabled by an admin.")
 	case errors.Is(err, apikey.ErrMalformed), errors.Is(err, apikey.ErrUnknown):
 		ae = unauthorized("Incorrect API key provided.")
+	case errors.Is(err, apikey.ErrUnavailable):
+		// Not the caller's fault, and not a verdict on the key: a key
+		// seen recently is still served (apikey.StaleIfError).
+		return gateway.Principal{}, &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
+			code: "database_unavailable", msg: "The API key could not be checked: the database is unavailable. Try again shortly."}
 	default:
 		h.Log.Error("authenticate api key", "err", err)
 		return gateway.Principal{}, &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
@@ -182,5 +187,9 @@ func authFailed(c *fiber.Ctx, err error) error {
 			c.Set(k, v)
 		}
 	}
-	return apiError(c, ae.status, ae.msg, "invalid_request_error", ae.code)
+	typ := "invalid_request_error"
+	if ae.status >= 500 {
+		typ = "server_error" // the key could not be checked: not the caller's fault
+	}
+	return apiError(c, ae.status, ae.msg, typ, ae.code)
 }

@@ -3,6 +3,7 @@
 package models
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,11 +22,26 @@ import (
 // Open connects to the database named by a Moonji database URL
 // (sqlite://PATH or postgres://…) and brings its schema up to date.
 func Open(dbURL string) (*gorm.DB, error) {
+	db, err := OpenUnmigrated(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	if err := Migrate(db); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenUnmigrated is Open without the migration, and without reaching the
+// database: a server starting while PostgreSQL is away opens its pool this
+// way, serves, and migrates once the database answers (web.Server).
+func OpenUnmigrated(dbURL string) (*gorm.DB, error) {
 	driver, dsn, err := config.DatabaseDriver(dbURL)
 	if err != nil {
 		return nil, err
 	}
 	gcfg := &gorm.Config{
+		DisableAutomaticPing:   true,
 		Logger:                 logger.Discard,
 		SkipDefaultTransaction: true,
 		NowFunc:                func() time.Time { return time.Now().UTC() },
@@ -76,10 +92,18 @@ func Open(dbURL string) (*gorm.DB, error) {
 	if err := setPool(db, driver); err != nil {
 		return nil, err
 	}
-	if err := Migrate(db); err != nil {
-		return nil, err
-	}
 	return db, nil
+}
+
+// Reachable reports whether the database answers a ping within wait.
+func Reachable(ctx context.Context, db *gorm.DB, wait time.Duration) bool {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return sqlDB.PingContext(ctx) == nil
 }
 
 // Connection pool sizes. database/sql keeps only 2 idle connections by

@@ -333,11 +333,18 @@ func ListUsage(ctx context.Context, db *gorm.DB, limit int) ([]Usage, error) {
 	return rows, nil
 }
 
+// finalFields are the fields a request's end sets on its pending row.
+var finalFields = []string{"FinishedAt", "Outcome", "Status", "Reason", "PromptTokens", "CompletionTokens", "CachedTokens", "Cost",
+	"UsageSource", "QueueMs", "TTFTMs", "DurationMs", "Backend", "RetriedFrom", "ResponseID"}
+
 // RecordUnwritten gives each row a crashed process began but never wrote
 // (its journal's leftovers) its one final row: an error with reason
 // gateway_restart, counted in the rollup. A row the database already has —
-// written before the crash, then closed or finished — is left alone. It
-// returns how many rows it added.
+// written before the crash, then closed or finished — is left alone. A row
+// that is already final (the journal kept its final state while the
+// database was away) keeps that state: inserted, or, when its pending row
+// is in the database, put in its place. It returns how many rows it added
+// or finished.
 func RecordUnwritten(ctx context.Context, db *gorm.DB, rows []Usage) (int64, error) {
 	var added int64
 	for len(rows) > 0 {
@@ -350,10 +357,20 @@ func RecordUnwritten(ctx context.Context, db *gorm.DB, rows []Usage) (int64, err
 			for i := range chunk {
 				u := chunk[i]
 				u.Sanitize()
-				u.Outcome, u.Reason, u.Status, u.FinishedAt = OutcomeError, "gateway_restart", 0, &now
+				final := u.Outcome != OutcomePending && u.FinishedAt != nil
+				if !final {
+					u.Outcome, u.Reason, u.Status, u.FinishedAt = OutcomeError, "gateway_restart", 0, &now
+				}
 				res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&u)
 				if res.Error != nil {
 					return fmt.Errorf("record unwritten usage row %s: %w", u.InferenceID, res.Error)
+				}
+				if res.RowsAffected == 0 && final {
+					res = tx.Model(&Usage{}).Where("inference_id = ? AND outcome = ?", u.InferenceID, OutcomePending).
+						Select(finalFields).Updates(&u)
+					if res.Error != nil {
+						return fmt.Errorf("finish unwritten usage row %s: %w", u.InferenceID, res.Error)
+					}
 				}
 				if res.RowsAffected == 1 {
 					r.Add(&u)

@@ -9,7 +9,11 @@ import (
 
 // ready answers /readyz: 200 when the database (and Redis, if configured)
 // answer, else 503 naming the part that does not; and each backend's
-// health.
+// health. A database that does not answer is named ("database":
+// "unreachable", and "ledger" says since when and how many rows wait) but
+// keeps the replica ready: every replica shares the one database, so a 503
+// would take them all out of the load balancer at once, while each serves
+// on, its usage rows safe in its journal (ledger/outage.go).
 func (s *Server) ready(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
 	defer cancel()
@@ -17,9 +21,12 @@ func (s *Server) ready(c *fiber.Ctx) error {
 	ok := true
 	if sqlDB, err := s.DB.DB(); err != nil || sqlDB.PingContext(ctx) != nil {
 		checks["database"] = "unreachable"
-		ok = false
 	} else {
 		checks["database"] = "ok"
+	}
+	if st := s.Ledger.Status(); st.DatabaseDown {
+		checks["ledger"] = fiber.Map{"database_down_since": st.Since.Format(time.RFC3339), "backlog": st.Backlog,
+			"in_journal_only": st.InJournal}
 	}
 	if s.Redis != nil {
 		if err := s.Redis.Ping(ctx).Err(); err != nil {

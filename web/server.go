@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 	"gorm.io/gorm"
@@ -88,26 +89,46 @@ const (
 // replica waits up to this long for the row to appear.
 const pendingAfter = 500 * time.Millisecond
 
-// openJournal opens this replica's usage journal and gives the requests its
-// previous life began and never wrote their one row (gateway_restart).
-func (s *Server) openJournal(ctx context.Context) (*journal.Journal, error) {
-	j, left, err := journal.Open(s.Config.JournalDir, s.Config.ReplicaID, s.log)
-	if err != nil {
-		return nil, fmt.Errorf("usage journal (journal_dir %s): %w", s.Config.JournalDir, err)
-	}
+// recordLeftovers gives the requests this replica's previous life began and
+// never wrote their one row (gateway_restart, or the final state the
+// journal kept while the database was away), then lets the old segments go.
+func (s *Server) recordLeftovers(ctx context.Context, j *journal.Journal, left []models.Usage) error {
 	if len(left) == 0 {
 		j.Recovered()
-		return j, nil
+		return nil
 	}
 	n, err := models.RecordUnwritten(ctx, s.DB, left)
 	if err != nil {
-		// Kept for the next start; this one goes on.
-		s.log.Error("record the usage rows a crash left in the journal", "rows", len(left), "err", err)
-		return j, nil
+		return fmt.Errorf("record the %d usage rows the journal kept: %w", len(left), err)
 	}
 	j.Recovered()
-	s.log.Warn("recorded usage rows a stopped gateway began and never wrote", "rows", n, "journaled", len(left), "reason", "gateway_restart")
-	return j, nil
+	s.log.Warn("recorded usage rows a stopped gateway began and never wrote", "rows", n, "journaled", len(left))
+	return nil
+}
+
+// prepareDatabase is what a replica does in the database before its ledger
+// writes anything: the schema (when the start had to skip it), its
+// heartbeat, its previous life's rows from the journal, then its previous
+// life's pending rows closed — in that order, so that a row the journal
+// kept final is finished with that state rather than closed.
+func (s *Server) prepareDatabase(ctx context.Context, migrate bool, j *journal.Journal, left []models.Usage) error {
+	if migrate {
+		if err := models.Migrate(s.DB); err != nil {
+			return err
+		}
+	}
+	if err := models.Heartbeat(ctx, s.DB, s.Config.ReplicaID, s.started); err != nil {
+		return err
+	}
+	if err := s.recordLeftovers(ctx, j, left); err != nil {
+		if !models.Reachable(ctx, s.DB, 2*time.Second) {
+			return err
+		}
+		// Not the database's absence: kept for the next start.
+		s.log.Error("record the usage rows a crash left in the journal", "err", err)
+	}
+	s.closeOrphans(ctx, s.Config.ReplicaID)
+	return nil
 }
 
 // closeOrphans closes unfinished rows of replicas that stopped sending
@@ -137,6 +158,11 @@ func (s *Server) replicaLoop() {
 	defer close(s.bgDone)
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
+	// After the database was away, every replica's heartbeat is as old as
+	// the outage: orphans are closed only once the siblings have had
+	// replicaStale to beat again, or their running requests' rows (and
+	// this replica's own) would be closed as if they had died.
+	var unreachableAt time.Time
 	for i := 1; ; i++ {
 		select {
 		case <-s.bg:
@@ -146,8 +172,9 @@ func (s *Server) replicaLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := models.Heartbeat(ctx, s.DB, s.Config.ReplicaID, s.started); err != nil {
 			s.log.Warn("replica heartbeat", "err", err)
+			unreachableAt = time.Now()
 		}
-		if i%3 == 0 {
+		if i%3 == 0 && time.Since(unreachableAt) > replicaStale {
 			s.closeOrphans(ctx, "") // this replica is alive: its rows stay
 			if n, err := s.Chat.Reconcile(ctx); err != nil {
 				s.log.Warn("finish chat replies whose final save failed", "err", err)
@@ -178,24 +205,27 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		}
 	}()
 
-	db, err := models.Open(cfg.DatabaseURL)
+	// A replica starts and serves while PostgreSQL is away: its rows wait
+	// in the journal, known keys are served from their last look-up
+	// (apikey, spending), and the ledger does the database's part of the
+	// start once it answers (prepareDatabase). Any other failure stops it.
+	db, err := models.OpenUnmigrated(cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
 	s.DB = db
 	s.closers = append(s.closers, func() { models.Close(db) })
 	s.started = time.Now()
-	if err := models.Heartbeat(ctx, db, cfg.ReplicaID, s.started); err != nil {
-		return nil, err
+	migrated := true
+	if err := models.Migrate(db); err != nil {
+		if db.Dialector.Name() != "postgres" || models.Reachable(ctx, db, 2*time.Second) {
+			return nil, err
+		}
+		migrated = false
 	}
-	s.closeOrphans(ctx, cfg.ReplicaID)
-	s.bg, s.bgDone = make(chan struct{}), make(chan struct{})
-	go s.replicaLoop()
-	s.closers = append(s.closers, func() { close(s.bg); <-s.bgDone })
-
-	j, err := s.openJournal(ctx)
+	j, left, err := journal.Open(cfg.JournalDir, cfg.ReplicaID, log)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("usage journal (journal_dir %s): %w", cfg.JournalDir, err)
 	}
 	s.closers = append(s.closers, func() {
 		if err := j.Close(); err != nil {
@@ -205,6 +235,20 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	s.Ledger = ledger.New(db, log)
 	s.Ledger.UseJournal(j, pendingAfter)
 	s.closers = append(s.closers, s.Ledger.Close)
+	if err := s.prepareDatabase(ctx, !migrated, j, left); err != nil {
+		if models.Reachable(ctx, db, 2*time.Second) {
+			return nil, err
+		}
+		log.Error("database unreachable at start: serving; usage rows wait in the journal until it answers", "err", err)
+		s.Ledger.StartDown(func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return s.prepareDatabase(ctx, !migrated, j, left)
+		})
+	}
+	s.bg, s.bgDone = make(chan struct{}), make(chan struct{})
+	go s.replicaLoop()
+	s.closers = append(s.closers, func() { close(s.bg); <-s.bgDone })
 	s.keys = apikey.NewStore(db, log, 30*time.Second)
 	s.closers = append(s.closers, s.keys.Close)
 
@@ -216,6 +260,21 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		backendNames = append(backendNames, b.Name)
 	}
 	s.Metrics = metrics.New(append(modelNames, "unknown"), backendNames)
+	s.Metrics.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "moonji_ledger_backlog",
+			Help: "Usage rows the ledger holds in memory while the database is unreachable (at most ledger.MaxBacklog final rows, and the running requests' pending rows)."},
+			func() float64 { return float64(s.Ledger.Status().Backlog) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "moonji_ledger_journal_only",
+			Help: "Final usage rows only the journal holds while the database is unreachable: read back from it once it answers."},
+			func() float64 { return float64(s.Ledger.Status().InJournal) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "moonji_database_up",
+			Help: "0 while the ledger's writer cannot reach the database, 1 otherwise."},
+			func() float64 {
+				if s.Ledger.Status().DatabaseDown {
+					return 0
+				}
+				return 1
+			}))
 
 	if cfg.RedisURL != "" {
 		opt, err := redis.ParseURL(cfg.RedisURL)

@@ -14,6 +14,12 @@
 // their cached copy is older than CacheTTL and the owner is read again.
 // Unknown, revoked, expired and disabled owners' keys are never cached, so
 // presenting made-up keys cannot fill the cache.
+//
+// While the database fails, a key read successfully within StaleIfError
+// keeps working from that read (stale-if-error), without its requests
+// waiting on the database: a refresh runs in the background, and a key it
+// finds revoked, expired or disabled is refused from then on. A key with no
+// such read gets ErrUnavailable (503), never ErrUnknown.
 package apikey
 
 import (
@@ -50,7 +56,14 @@ var (
 	ErrExpired   = errors.New("API key expired")
 	// ErrOwnerDisabled means the key is fine but an admin disabled its owner.
 	ErrOwnerDisabled = errors.New("API key owner disabled")
+	// ErrUnavailable means the key could not be checked: the database
+	// failed and no recent read of the key is at hand. It means 503.
+	ErrUnavailable = errors.New("API key could not be checked: the database is unavailable")
 )
+
+// StaleIfError is how old a key's last successful read may be and still be
+// used while the database fails.
+const StaleIfError = 10 * time.Minute
 
 // PublicPrefix returns the part of a presented key that lists show ("mj-"
 // and eight characters): enough to tell which key was used, useless to an
@@ -135,6 +148,11 @@ type cached struct {
 	key        models.APIKey
 	until      time.Time
 	refreshing bool // a refresh is under way
+	// failing: the last look-up of this key failed (the database); past
+	// until, the key is served from this entry while it is younger than
+	// StaleIfError, and refreshed in the background.
+	failing bool
+	tried   time.Time // when that look-up failed: one refresh a second
 }
 
 // Store authenticates keys and remembers when each was last used.
@@ -193,20 +211,35 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 	gen, ttl := s.gen, s.ttl
 	s.cmu.RUnlock()
 	var key *models.APIKey
-	if hit && now.Before(c.until) {
+	read := false // key was read from the database just now
+	fresh := hit && now.Before(c.until)
+	stale := hit && !fresh && now.Before(c.until.Add(StaleIfError))
+	switch {
+	case fresh, stale && c.failing:
 		k := c.key // a copy: callers may not share the cached value
 		key = &k
-		if !c.refreshing && c.until.Sub(now) < ttl/refreshAhead {
+		due := c.until.Sub(now) < ttl/refreshAhead
+		if stale {
+			due = now.Sub(c.tried) >= time.Second
+		}
+		if !c.refreshing && due {
 			s.refresh(hash, ttl)
 		}
-	} else {
+	default:
 		var err error
 		key, gen, err = s.lookup(ctx, hash)
 		if errors.Is(err, models.ErrNotFound) {
 			return nil, ErrUnknown
 		}
 		if err != nil {
-			return nil, err
+			if !stale {
+				return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			s.markFailing(hash)
+			k := c.key
+			key = &k
+		} else {
+			read = true
 		}
 	}
 	// Checked on every request, cached or not: a key that expires while
@@ -223,7 +256,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 		s.drop(hash)
 		return nil, ErrOwnerDisabled
 	}
-	if !hit || !now.Before(c.until) {
+	if read {
 		s.remember(hash, key, gen, now.Add(ttl), ttl)
 	}
 	s.mu.Lock()
@@ -285,7 +318,11 @@ func (s *Store) refresh(hash string, ttl time.Duration) {
 		case errors.Is(err, models.ErrNotFound):
 			s.drop(hash)
 		case err != nil:
-			s.log.Warn("api key cache refresh failed; the entry expires", "key_id", c.key.ID, "err", err)
+			if !c.failing { // once per key and outage, not once a second
+				s.log.Warn("api key cache refresh failed; the last read serves while it is younger than StaleIfError",
+					"key_id", c.key.ID, "err", err)
+			}
+			s.markFailing(hash)
 		case key.Status(now) != "active" || key.User.Disabled():
 			s.drop(hash)
 		default:
@@ -317,6 +354,17 @@ func (s *Store) remember(hash string, key *models.APIKey, gen uint64, until time
 		}
 	}
 	s.cache[hash] = cached{key: *key, until: until}
+}
+
+// markFailing notes that the database failed to read the key of hash, and
+// that its refresh is over.
+func (s *Store) markFailing(hash string) {
+	s.cmu.Lock()
+	if c, ok := s.cache[hash]; ok {
+		c.failing, c.refreshing, c.tried = true, false, time.Now()
+		s.cache[hash] = c
+	}
+	s.cmu.Unlock()
 }
 
 func (s *Store) drop(hash string) {

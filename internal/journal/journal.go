@@ -13,6 +13,7 @@
 // Every record is one write(2) on an ordinary file, one line each:
 //
 //	B <the row as JSON>
+//	F <the row's final state as JSON>  (only while the database is away: final.go)
 //	D <inference id> <inference id> …
 //
 // What a crash can lose: a killed process loses nothing that Begin returned
@@ -63,10 +64,10 @@ type Journal struct {
 	mu     sync.Mutex
 	closed bool
 	cur    *segment
-	next   int                 // number of the next segment
-	segs   map[int]*segment    // live segments: the current one and those with open rows
-	where  map[string]*segment // inference id → segment of its Begin, until Durable
-	old    []string            // the previous life's segments, until Recovered
+	next   int              // number of the next segment
+	segs   map[int]*segment // live segments: the current one and those with open rows
+	where  map[string]place // inference id → segments of its records, until Durable
+	old    []string         // the previous life's segments, until Recovered
 	buf    []byte
 	// dead are segments released and not yet deleted: each method that
 	// releases one deletes it after unlocking mu, so that a Begin never
@@ -86,7 +87,7 @@ func Open(dir, replica string, log *slog.Logger) (*Journal, []models.Usage, erro
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("journal: create %s: %w", dir, err)
 	}
-	j := &Journal{dir: dir, base: fileBase(replica), log: log, segs: map[int]*segment{}, where: map[string]*segment{},
+	j := &Journal{dir: dir, base: fileBase(replica), log: log, segs: map[int]*segment{}, where: map[string]place{},
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	lock, err := os.OpenFile(filepath.Join(dir, j.base+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -141,7 +142,7 @@ func (j *Journal) begin(row *models.Usage) error {
 		return err
 	}
 	j.cur.open++
-	j.where[row.InferenceID] = j.cur
+	j.where[row.InferenceID] = place{b: j.cur}
 	return nil
 }
 
@@ -180,7 +181,7 @@ func (j *Journal) durable(ids []string) {
 	// open to the next start, which finds it in the database and skips it.
 	inRecord := 0
 	for _, id := range ids {
-		s, ok := j.where[id]
+		p, ok := j.where[id]
 		if !ok {
 			continue
 		}
@@ -191,11 +192,16 @@ func (j *Journal) durable(ids []string) {
 			inRecord = 0
 		}
 		delete(j.where, id)
-		s.open--
-		if s.open == 0 {
-			// Once per segment: released twice, it would be deleted
-			// twice.
-			emptied = append(emptied, s)
+		for _, s := range [2]*segment{p.b, p.f} {
+			if s == nil {
+				continue
+			}
+			s.open--
+			if s.open == 0 {
+				// Once per segment: released twice, it would be
+				// deleted twice.
+				emptied = append(emptied, s)
+			}
 		}
 		buf = append(append(buf, ' '), id...)
 		inRecord++

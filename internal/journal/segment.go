@@ -89,6 +89,20 @@ func (j *Journal) readOld() ([]models.Usage, error) {
 				open[u.InferenceID] = len(rows)
 				rows = append(rows, u)
 				done = append(done, false)
+			case 'F':
+				// A final row, written while the database was away:
+				// it replaces the row's Begin.
+				var u models.Usage
+				if json.Unmarshal(data, &u) != nil || u.InferenceID == "" {
+					return
+				}
+				if i, ok := open[u.InferenceID]; ok {
+					rows[i] = u
+					return
+				}
+				open[u.InferenceID] = len(rows)
+				rows = append(rows, u)
+				done = append(done, false)
 			case 'D':
 				for _, id := range bytes.Fields(data) {
 					if i, ok := open[string(id)]; ok {

@@ -224,6 +224,10 @@ type failingJournal struct{}
 
 func (failingJournal) Begin(*models.Usage) error { return errors.New("disk full") }
 func (failingJournal) Durable(...string)         {}
+func (failingJournal) Final(*models.Usage) error { return errors.New("disk full") }
+func (failingJournal) Finals(func([]models.Usage) error) error {
+	return nil
+}
 
 func waitUntil(t *testing.T, what string, ok func() bool) {
 	t.Helper()

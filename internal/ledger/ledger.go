@@ -30,6 +30,10 @@ import (
 type Journal interface {
 	Begin(row *models.Usage) error
 	Durable(ids ...string)
+	// Final keeps a final row while the database is away, and Finals
+	// reads those still open back (outage.go).
+	Final(row *models.Usage) error
+	Finals(fn func(rows []models.Usage) error) error
 }
 
 // Ledger is the asynchronous writer of usage rows.
@@ -63,6 +67,9 @@ type Ledger struct {
 	// database, for Running.
 	runMu   sync.Mutex
 	running map[string]*models.Usage // never changed once in: Begin's own copy
+
+	// out is the writer's state while the database is away (outage.go).
+	out outage
 }
 
 // New starts a ledger writing to db. Call Close to flush and stop it.
@@ -73,6 +80,7 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 	l := &Ledger{db: db, log: log, ops: make(chan *op, maxQueued), begun: map[string]bool{},
 		scratch: newScratch(), young: youngRows{byID: map[string]int{}}, rows: rowsFor(db.Dialector.Name()),
 		stopCkpt: make(chan struct{}), running: map[string]*models.Usage{}}
+	l.out.max.Store(MaxBacklog)
 	l.wg.Add(1)
 	go l.run()
 	if db.Dialector.Name() == "sqlite" {

@@ -18,6 +18,7 @@ const (
 	opFinish               // update a pending row to its final state
 	opRecord               // insert a row that is already final (rejections)
 	opFlush                // write everything, young rows included
+	opDown                 // hold rows until ready passes (StartDown)
 )
 
 type op struct {
@@ -28,6 +29,8 @@ type op struct {
 	// its Finish so that a short request is one final insert.
 	young bool
 	due   time.Time
+	// ready, for opDown: what must succeed before anything is written.
+	ready func() error
 }
 
 // maxQueued is how many ops may wait for the writer before the next one
@@ -81,7 +84,7 @@ func (l *Ledger) run() {
 	due.Stop()
 	for {
 		var first op
-		if at, ok := l.young.next(); ok {
+		if at, ok := l.nextWake(); ok {
 			due.Reset(time.Until(at))
 			select {
 			case p, ok := <-l.ops:
@@ -172,6 +175,9 @@ type stored struct {
 // so that only a bad row is lost.
 func (l *Ledger) store(batch []op, closing bool) stored {
 	start := time.Now()
+	if l.out.down {
+		l.retry(start, closing)
+	}
 	sc := &l.scratch
 	defer sc.reset()
 	final := sc.final // inference id → index of its Finish
@@ -182,6 +188,8 @@ func (l *Ledger) store(batch []op, closing bool) stored {
 			final[o.row.InferenceID] = i
 		case opFlush:
 			all = true
+		case opDown:
+			l.startDown(o.ready)
 		}
 	}
 	p, merged := &sc.plan, sc.merged
@@ -225,9 +233,21 @@ func (l *Ledger) store(batch []op, closing bool) stored {
 	}
 	if p.rows() == 0 {
 		// Only deferred Begins, or a Flush with nothing to write.
-		return stored{batch: batch}
+		st := stored{batch: batch}
+		if l.out.down {
+			st.err = ErrDatabaseDown
+		}
+		return st
+	}
+	if l.out.down {
+		return l.held(batch, p, fellDue)
 	}
 	err := l.commit(p)
+	if err != nil && !errors.Is(err, errNotPending) && !l.reachable() {
+		// Not a bad row: the database is away. Nothing is lost or split.
+		l.goDown(err)
+		return l.held(batch, p, fellDue)
+	}
 	var failed map[string]error // per row, when the batch had to be split
 	if err != nil && (p.rows() > 1 || errors.Is(err, errNotPending)) {
 		failed = map[string]error{}
@@ -288,7 +308,7 @@ func (l *Ledger) settle(st stored) {
 	if st.rows == 0 {
 		for _, o := range st.batch {
 			if o.done != nil {
-				o.done <- nil
+				o.done <- st.err
 			}
 		}
 		return
@@ -316,6 +336,41 @@ func (l *Ledger) settle(st stored) {
 			o.done <- st.errs[i]
 		}
 	}
+}
+
+// held keeps a batch's rows through an outage (outage.go) and makes its
+// result: the final rows leave Running, the pending ones stay until they
+// are written; a waiter is told the database is down.
+func (l *Ledger) held(batch []op, p *plan, fellDue []string) stored {
+	l.hold(p)
+	for _, id := range fellDue {
+		delete(l.begun, id) // not in the database: its Finish is held too
+	}
+	errs := make([]error, len(batch))
+	for i := range batch {
+		errs[i] = ErrDatabaseDown
+	}
+	st := stored{batch: batch, errs: errs, rows: p.rows(), err: ErrDatabaseDown}
+	if l.journal != nil {
+		for _, rows := range [][]models.Usage{p.inserts, p.upserts, p.updates} {
+			for i := range rows {
+				if rows[i].Outcome != models.OutcomePending {
+					st.written = append(st.written, rows[i].InferenceID)
+				}
+			}
+		}
+	}
+	return st
+}
+
+// nextWake is when the writer must wake with nothing queued: the oldest
+// deferred Begin falls due, or the database is to be tried again.
+func (l *Ledger) nextWake() (time.Time, bool) {
+	at, ok := l.young.next()
+	if l.out.down && (!ok || l.out.retryAt.Before(at)) {
+		return l.out.retryAt, true
+	}
+	return at, ok
 }
 
 // rowErr is the write's result for one row of a batch.

@@ -4,7 +4,9 @@
 // at once). Policies are read from the database and kept 5 seconds per key
 // or person, as keys are (apikey.Store): a change made on this replica is
 // seen at once (Forget), one made on another replica within 5 s. What was
-// spent is never cached here; budget.Store keeps it in Redis.
+// spent is never cached here; budget.Store keeps it in Redis. While the
+// database fails, a policy read within StaleIfError is used again
+// (stale-if-error, as apikey does), one read attempt a second per sender.
 package spending
 
 import (
@@ -38,11 +40,16 @@ func (p Policy) Restricted() bool { return p.models != nil }
 // ttl is how long a policy is kept.
 const ttl = 5 * time.Second
 
+// StaleIfError is how old a policy may be and still be used while the
+// database fails to read it again (apikey.StaleIfError, the same).
+const StaleIfError = 10 * time.Minute
+
 type cacheKey struct{ user, key uint }
 
 type entry struct {
 	policy Policy
 	at     time.Time
+	failed time.Time // the last read that failed, after at
 }
 
 // Resolver reads and caches policies.
@@ -81,6 +88,10 @@ func (r *Resolver) For(ctx context.Context, user uint, key *uint) (Policy, error
 	if ok && now.Sub(e.at) < ttl {
 		return e.policy, nil
 	}
+	stale := ok && now.Sub(e.at) < ttl+StaleIfError
+	if stale && now.Sub(e.failed) < time.Second {
+		return e.policy, nil // the database failed a moment ago
+	}
 	v, err, _ := r.loads.Do(fmt.Sprintf("%d/%d", k.user, k.key), func() (any, error) {
 		// Not the first caller's context: its end must not fail the others.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -88,13 +99,22 @@ func (r *Resolver) For(ctx context.Context, user uint, key *uint) (Policy, error
 		return r.load(ctx, user, key)
 	})
 	if err != nil {
+		if stale {
+			r.mu.Lock()
+			if e, ok := r.cache[k]; ok {
+				e.failed = now
+				r.cache[k] = e
+			}
+			r.mu.Unlock()
+			return e.policy, nil
+		}
 		return Policy{}, err
 	}
 	p := v.(Policy)
 	r.mu.Lock()
 	if len(r.cache) >= maxCached {
 		for ck, ce := range r.cache {
-			if now.Sub(ce.at) >= ttl {
+			if now.Sub(ce.at) >= ttl+StaleIfError {
 				delete(r.cache, ck)
 			}
 		}
