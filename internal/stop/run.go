@@ -1,5 +1,6 @@
 // Runs: the inferences this replica owns, from Begin to End, and what a
 // stop that reaches one does to it.
+
 package stop
 
 import (
