@@ -102,6 +102,20 @@ func startLeaseRig(t *testing.T, n int) *leaseRig {
 	return r
 }
 
+// leaseFenced tells whether the lease store's fence stands (nothing is
+// granted while replicas back from their share adopt their slots).
+func leaseFenced(t *testing.T, be *testredis.Backend) bool {
+	t.Helper()
+	v, err := be.Admin.Get(context.Background(), be.Prefix+"lease-fence").Int64()
+	if errors.Is(err, redis.Nil) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v > time.Now().UnixMilli()-50 // Redis's clock is this machine's
+}
+
 // inFlight returns the slots each replica holds now.
 func (r *leaseRig) inFlight() []int64 {
 	var out []int64
@@ -290,6 +304,9 @@ func (r *leaseRig) recovered(d time.Duration) {
 		}
 		return true
 	})
+	// The store grants nothing for a few seconds after a replica comes
+	// back from its share (the fence), a documented pause.
+	waitFor(r.t, "the fence to fall", 10*time.Second, func() bool { return !leaseFenced(r.t, r.be) })
 	peak, res := r.phase("after the fault", d, nil)
 	if peak > leaseMax {
 		r.t.Errorf("after the fault the engine saw %d requests at once, over the limit %d", peak, leaseMax)
@@ -375,7 +392,9 @@ func TestLeaseLimitRedisAway(t *testing.T) {
 		away func(r *leaseRig) time.Duration
 	}{
 		{"restart", func(*leaseRig) time.Duration { return 0 }},
-		{"down", func(r *leaseRig) time.Duration { return leaseEnvDuration(r.t, "MOONJI_TEST_LEASE_FAULT", 2*time.Second) }},
+		{"down", func(r *leaseRig) time.Duration {
+			return leaseEnvDuration(r.t, "MOONJI_TEST_LEASE_FAULT", 2*time.Second)
+		}},
 		{"down_past_ttl", func(r *leaseRig) time.Duration { return r.ttl + time.Second }},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -128,8 +128,12 @@ type Scheduler struct {
 	// (unleased, over every backend): nothing more is handed out
 	// meanwhile, so that the store counts every slot held here before the
 	// shared limit resumes.
-	draining  bool
-	unleased  int
+	draining bool
+	unleased int
+	// live is the number of live replicas when the store became
+	// unreachable: the share never grows while degraded because renewals
+	// after a long outage see the others' liveness lapsed.
+	live      int
 	checkedAt time.Time // when the degraded store was last asked
 	kick      chan struct{}
 	done      chan struct{}
@@ -524,7 +528,7 @@ func (s *Scheduler) capLocked(b *backend) int {
 	if s.draining {
 		return 0
 	}
-	return max(1, b.max/max(1, s.shared.LiveReplicas()))
+	return max(1, b.max/max(1, s.live, s.shared.LiveReplicas()))
 }
 
 // pickLocked chooses the backend for a request: among those up (or all, if

@@ -194,6 +194,7 @@ func (s *Scheduler) sharedFailed(err error) {
 	}
 	s.degraded = true
 	s.draining = false
+	s.live = s.shared.LiveReplicas()
 	s.checkedAt = time.Now()
 	s.log.Warn("shared concurrency limit unreachable: each backend's limit is now shared out per replica",
 		"live_replicas", max(1, s.shared.LiveReplicas()), "err", err)

@@ -76,7 +76,8 @@ local n = (#KEYS - 1 - 2*m) / 3
 local exp = now + ttl
 -- While a fence stands, nothing new is granted: replicas that served
 -- their share without Redis are adopting those slots.
-local fenced = redis.call('EXISTS', KEYS[#KEYS]) == 1
+local fence = redis.call('GET', KEYS[#KEYS])
+local fenced = fence and tonumber(fence) > now
 
 for j = 1, m do
   release(KEYS[3*n + 2*j - 1], KEYS[3*n + 2*j], ARGV[8 + 3*n + 2*j - 1], ch, ARGV[8 + 3*n + 2*j])
@@ -321,8 +322,10 @@ var adoptScript = newScript(luaPrelude + `
 local ttl = tonumber(ARGV[1])
 local fence = tonumber(ARGV[2])
 local exp = now + ttl
-if fence > 0 and redis.call('PTTL', KEYS[1]) < fence then
-  redis.call('SET', KEYS[1], '1', 'PX', fence)
+-- The fence holds its end (ms, Redis clock) and expires a little later.
+local till = now + fence
+if fence > 0 and till > tonumber(redis.call('GET', KEYS[1]) or '0') then
+  redis.call('SET', KEYS[1], till, 'PX', fence + 1000)
 end
 local p = 3
 for j = 2, #KEYS do
