@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 
 	"moonji/internal/config"
 	"moonji/internal/faultproxy"
+	"moonji/internal/mockllm"
 	"moonji/internal/testredis"
 )
 
@@ -47,11 +51,48 @@ func leaseEnvDuration(t *testing.T, name string, def time.Duration) time.Duratio
 	return d
 }
 
+// leaseEngine is the mock engine counting the requests it serves at once.
+// A request stops counting when its handler returns or when its sender
+// closes the connection, whichever comes first: the gateway gives a slot
+// back once it has hung up an abandoned request, and the engine has been
+// told by then (the mock notices only at its next token).
+type leaseEngine struct {
+	mock          *mockllm.Server
+	url           string
+	running, peak atomic.Int64
+}
+
+func startLeaseEngine(t *testing.T) *leaseEngine {
+	t.Helper()
+	e := &leaseEngine{mock: mockllm.New(mockllm.Options{Models: []string{"m1"},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})}
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	e.url = srv.URL + "/v1"
+	return e
+}
+
+func (e *leaseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/chat/completions") {
+		n := e.running.Add(1)
+		for p := e.peak.Load(); n > p && !e.peak.CompareAndSwap(p, n); p = e.peak.Load() {
+		}
+		var once sync.Once
+		end := func() { once.Do(func() { e.running.Add(-1) }) }
+		stop := context.AfterFunc(r.Context(), end)
+		defer func() {
+			stop()
+			end()
+		}()
+	}
+	e.mock.ServeHTTP(w, r)
+}
+
 // leaseRig is n replicas sharing one backend's limit through the real
 // Redis, each behind its own faultproxy.
 type leaseRig struct {
 	t        *testing.T
-	engine   *killableEngine
+	engine   *leaseEngine
 	be       *testredis.Backend
 	replicas []*testEnv
 	proxies  []*faultproxy.Proxy
@@ -72,7 +113,7 @@ func startLeaseRig(t *testing.T, n int) *leaseRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &leaseRig{t: t, engine: startKillableEngine(t, "m1"), be: be,
+	r := &leaseRig{t: t, engine: startLeaseEngine(t), be: be,
 		ttl: leaseEnvDuration(t, "MOONJI_TEST_LEASE_TTL", 3*time.Second), queueFor: 2 * time.Second}
 	dbURL := sharedDB(t)
 	for i := range n {
@@ -81,7 +122,7 @@ func startLeaseRig(t *testing.T, n int) *leaseRig {
 			DatabaseURL: dbURL, RedisURL: "redis://" + p.Addr() + "/" + strconv.Itoa(opts.DB), RedisPrefix: be.Prefix,
 			ReplicaID: fmt.Sprintf("lease-%c-%d", 'A'+i, time.Now().UnixNano()), LeaseTTL: r.ttl,
 			RateLimit: config.RateLimit{RequestsPerMinute: 1000000},
-			Backends: []config.Backend{{Name: "mock", URL: r.engine.URL(), MaxConcurrency: leaseMax, MaxQueue: 64,
+			Backends: []config.Backend{{Name: "mock", URL: r.engine.url, MaxConcurrency: leaseMax, MaxQueue: 64,
 				QueueTimeout: r.queueFor}},
 			Models: []config.Model{{Name: "m1", Backend: "mock"}},
 		}, nil, "")
