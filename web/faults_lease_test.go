@@ -277,6 +277,29 @@ func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *l
 	stop := make(chan struct{})
 	done := make(chan *loadResult)
 	go func() { done <- r.load(stop) }()
+	// Which replicas served their share at some point of the phase.
+	var degraded sync.Map
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			for i, e := range r.replicas {
+				if e.srv.Scheduler.Degraded() {
+					degraded.Store(i, true)
+				}
+			}
+		}
+	}()
+	defer func() {
+		var which []int
+		degraded.Range(func(k, _ any) bool { which = append(which, k.(int)); return true })
+		if len(which) > 0 {
+			r.t.Logf("%s: replicas %v served their share at some point", name, which)
+		}
+	}()
 	if during != nil {
 		during()
 	}

@@ -104,6 +104,10 @@ const (
 	pollEvery         = 200 * time.Millisecond
 	recoverEvery      = time.Second
 	adoptFence        = 2*recoverEvery + sharedCallTimeout
+	// downPings is how many pings in a row must fail after a failed call
+	// before the store counts as unreachable (a test with Redis 0–1 s away
+	// saw a replica take its share while the others still reached it).
+	downPings = 3
 )
 
 // Scheduler hands out backend slots. One lock guards every pool and backend:

@@ -180,10 +180,7 @@ func (s *Scheduler) pumpPool(p *Pool) bool {
 // hold no lease, and other replicas that still reach the store would fill
 // the whole limit on top of them.
 func (s *Scheduler) sharedFailed(err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
-	perr := s.shared.Ping(ctx)
-	cancel()
-	if perr == nil {
+	if perr := s.pingStore(); perr == nil {
 		s.log.Warn("shared concurrency limit: a call failed but the store answers; keeping the shared limit", "err", err)
 		return
 	}
@@ -204,6 +201,23 @@ func (s *Scheduler) sharedFailed(err error) {
 	for _, p := range s.pools {
 		s.dispatchLocked(p)
 	}
+}
+
+// pingStore pings the store up to downPings times and returns nil at the
+// first answer: a slow store (calls past the timeout now and then) is not
+// down, and taking the share while the other replicas still reach it puts
+// this replica's slots on top of the whole limit.
+func (s *Scheduler) pingStore() error {
+	var err error
+	for range downPings {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+		err = s.shared.Ping(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // tryRecover goes back to the shared limit once the store answers again.
