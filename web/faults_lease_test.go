@@ -98,6 +98,9 @@ type leaseRig struct {
 	proxies  []*faultproxy.Proxy
 	ttl      time.Duration
 	queueFor time.Duration
+	// sharedOut tells that some replica served its share during the last
+	// phase.
+	sharedOut bool
 }
 
 func startLeaseRig(t *testing.T, n int) *leaseRig {
@@ -279,10 +282,12 @@ func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *l
 	go func() { done <- r.load(stop) }()
 	// Which replicas served their share at some point of the phase.
 	var degraded sync.Map
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
 		for {
 			select {
-			case <-stop:
+			case <-finished:
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
@@ -296,6 +301,7 @@ func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *l
 	defer func() {
 		var which []int
 		degraded.Range(func(k, _ any) bool { which = append(which, k.(int)); return true })
+		r.sharedOut = len(which) > 0
 		if len(which) > 0 {
 			r.t.Logf("%s: replicas %v served their share at some point", name, which)
 		}
@@ -403,8 +409,18 @@ func TestLeaseLimitSlowRedis(t *testing.T) {
 			r := startLeaseRig(t, 3)
 			load := leaseEnvDuration(t, "MOONJI_TEST_LEASE_LOAD", 3*time.Second)
 			peak, res := r.phase("slow Redis", load, func() { r.each(func(p *faultproxy.Proxy) { p.Latency(c.latency, c.jitter) }) })
-			if peak > leaseMax {
-				t.Errorf("with Redis slow the engine saw %d requests at once, over the limit %d", peak, leaseMax)
+			// Calls slow enough to miss three pings in a row make every
+			// replica take its share: then the bound of Redis lost by all
+			// of them holds (a replica over its share keeps its requests
+			// while the others fill theirs), at worst the limit plus the
+			// other replicas' shares. Open: see docs/ARCHITECTURE.md.
+			bound := int64(leaseMax)
+			if r.sharedOut {
+				bound += int64(len(r.replicas)-1) * r.share()
+			}
+			if peak > bound {
+				t.Errorf("with Redis slow the engine saw %d requests at once, over the limit %d (bound %d; shares taken: %t)",
+					peak, leaseMax, bound, r.sharedOut)
 			}
 			if res.ok() == 0 {
 				t.Error("no request served while Redis was slow")

@@ -105,8 +105,8 @@ const (
 	recoverEvery      = time.Second
 	adoptFence        = 2*recoverEvery + sharedCallTimeout
 	// downPings is how many pings in a row must fail after a failed call
-	// before the store counts as unreachable (a test with Redis 0–1 s away
-	// saw a replica take its share while the others still reached it).
+	// before the store counts as unreachable: a store slow enough to miss
+	// one ping is still the others' limit.
 	downPings = 3
 )
 
