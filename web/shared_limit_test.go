@@ -336,6 +336,9 @@ func TestSharedLimitWithoutRedis(t *testing.T) {
 		return metricValue(t, a, "moonji_concurrency_limit_degraded", "") == 0
 	})
 	waitFor(t, "the engine to see the streams end", 5*time.Second, func() bool { return engine.running.Load() == 0 })
+	// Coming back, the replicas record the slots they handed out meanwhile
+	// and the store grants nothing for a few seconds (the fence).
+	waitFor(t, "the fence to fall", 10*time.Second, func() bool { return !leaseFenced(t, be) })
 	if a.srv.Scheduler.Degraded() {
 		t.Fatal("the scheduler still says degraded")
 	}

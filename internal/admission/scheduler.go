@@ -62,6 +62,10 @@ type Shared interface {
 	LiveReplicas() int
 	// Ping tells whether the store answers again.
 	Ping(ctx context.Context) error
+	// Adopt takes leases for slots handed out while the store was
+	// unreachable (counts per backend), granted whatever is held already,
+	// and holds back every replica's grants for fence.
+	Adopt(ctx context.Context, counts map[string]int, fence time.Duration) (map[string][]lease.Lease, error)
 }
 
 // Config configures a Scheduler.
@@ -91,10 +95,19 @@ type Config struct {
 // with waiting requests asks again without being told that a slot was freed:
 // a notification can be lost, and a dead replica's leases expire without
 // one. recoverEvery is how often a degraded scheduler checks the store.
+// adoptFence is how long the store grants nothing after a replica comes
+// back from its share: every other replica that served its share meanwhile
+// finds the store again within recoverEvery and a call, and adopts its
+// slots (takes leases for them) before anything is granted on top.
 const (
 	sharedCallTimeout = time.Second
 	pollEvery         = 200 * time.Millisecond
 	recoverEvery      = time.Second
+	adoptFence        = 2*recoverEvery + sharedCallTimeout
+	// downPings is how many pings in a row must fail after a failed call
+	// before the store counts as unreachable: a store slow enough to miss
+	// one ping is still the others' limit.
+	downPings = 3
 )
 
 // Scheduler hands out backend slots. One lock guards every pool and backend:
@@ -114,13 +127,17 @@ type Scheduler struct {
 	shared     Shared
 	onDegraded func(bool)
 	degraded   bool
-	// draining is set while degraded once the store answers again but
-	// slots handed out without a lease (unleased, over every backend) are
-	// still held: no more are handed out, and the shared limit resumes
-	// when the last is released, so that the store never grants the whole
-	// limit on top of them.
-	draining  bool
-	unleased  int
+	// draining is set while degraded once the store answers again, for
+	// the time it takes to adopt the slots handed out without a lease
+	// (unleased, over every backend): nothing more is handed out
+	// meanwhile, so that the store counts every slot held here before the
+	// shared limit resumes.
+	draining bool
+	unleased int
+	// live is the number of live replicas when the store became
+	// unreachable: the share never grows while degraded because renewals
+	// after a long outage see the others' liveness lapsed.
+	live      int
 	checkedAt time.Time // when the degraded store was last asked
 	kick      chan struct{}
 	done      chan struct{}
@@ -136,10 +153,12 @@ type backend struct {
 	up       func() bool
 	inFlight int
 	// unleased counts the slots of inFlight handed out by this replica
-	// alone while the shared limit was unreachable: they hold no lease, so
-	// the store cannot count them, and the shared limit resumes only once
-	// they are gone.
+	// alone while the shared limit was unreachable: they hold no lease of
+	// their own. adopted holds the leases the store gave for them when it
+	// answered again (never more than unleased); each of those slots gives
+	// one back when it ends.
 	unleased int
+	adopted  []lease.Lease
 	pools    []*Pool
 }
 
@@ -464,11 +483,13 @@ func (sl *Slot) release(sample bool) {
 		p.sampleLocked(held)
 	}
 	sl.b.inFlight--
+	var adopted lease.Lease
 	if s.shared != nil && !sl.leased {
 		sl.b.unleased--
 		s.unleased--
-		if s.draining && s.unleased == 0 {
-			s.resumeSharedLocked()
+		if n := len(sl.b.adopted); n > 0 {
+			adopted = sl.b.adopted[n-1]
+			sl.b.adopted = sl.b.adopted[:n-1]
 		}
 	}
 	local := s.localLocked()
@@ -480,6 +501,8 @@ func (sl *Slot) release(sample bool) {
 	s.mu.Unlock()
 	if sl.leased {
 		s.giveBack(sl.lease)
+	} else if !adopted.IsZero() {
+		s.giveBack(adopted)
 	}
 	if !local {
 		s.poke()
@@ -509,7 +532,7 @@ func (s *Scheduler) capLocked(b *backend) int {
 	if s.draining {
 		return 0
 	}
-	return max(1, b.max/max(1, s.shared.LiveReplicas()))
+	return max(1, b.max/max(1, s.live, s.shared.LiveReplicas()))
 }
 
 // pickLocked chooses the backend for a request: among those up (or all, if

@@ -368,6 +368,26 @@ func (f *fakeShared) ClearWait(_ context.Context, queue string, _ []string) erro
 	return nil
 }
 
+// Adopt counts the slots handed out while it was down, whatever is held
+// already, as the real store does (the fence is not kept here).
+func (f *fakeShared) Adopt(_ context.Context, counts map[string]int, _ time.Duration) (map[string][]lease.Lease, error) {
+	f.calls.Add(1)
+	if f.down.Load() || f.slow.Load() {
+		return nil, errors.New("fake store down")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]lease.Lease{}
+	for b, n := range counts {
+		for range n {
+			f.held[b]++
+			f.next++
+			out[b] = append(out[b], lease.FakeLease(b, strconv.Itoa(f.next)))
+		}
+	}
+	return out, nil
+}
+
 func (f *fakeShared) LiveReplicas() int { return f.live }
 
 func (f *fakeShared) Ping(context.Context) error {
@@ -500,12 +520,13 @@ func TestSharedLimitFallsBackToShare(t *testing.T) {
 	sl.Release()
 }
 
-// TestSharedLimitResumesAfterUnleasedSlotsEnd: slots handed out while the
-// store was unreachable hold no lease. When the store answers again, the
-// replica hands out nothing more until they end, and only then takes
-// slots from the store: otherwise the store would grant the whole limit on
-// top of them (the engine saw 23 requests at once under a limit of 16).
-func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
+// TestSharedLimitAdoptsUnleasedSlots: slots handed out while the store was
+// unreachable hold no lease. When the store answers again, the replica
+// takes leases for them (adopts them) before it takes any slot from the
+// store: otherwise the store would grant the whole limit on top of them
+// (the engine saw 23 requests at once under a limit of 16). Each of them
+// gives its lease back when it ends.
+func TestSharedLimitAdoptsUnleasedSlots(t *testing.T) {
 	// Two live replicas: this one's share is 2 of the 4 slots.
 	f, s, degraded := sharedSched(t, 2, 4, PoolSpec{MaxQueue: 8})
 	p := s.Pool("a")
@@ -537,22 +558,20 @@ func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
 			got <- sl
 		}()
 	}
+	waitFor(t, "the shared limit to resume", func() bool { return !s.Degraded() })
+	f.mu.Lock()
+	held := f.held["a"]
+	f.mu.Unlock()
+	if held != 4 {
+		t.Fatalf("the store counts %d slots, want 4: the 2 handed out without it were not adopted", held)
+	}
 	select {
 	case <-got:
 		t.Fatal("a slot was handed out on top of the unleased ones: 5 of 4 in use")
-	case <-time.After(2*recoverEvery + 500*time.Millisecond):
-	}
-	if !s.Degraded() {
-		t.Fatal("left the per-replica share while unleased slots were held")
-	}
-	unleased[0].Release()
-	select {
-	case <-got:
-		t.Fatal("served while an unleased slot is still held")
 	case <-time.After(300 * time.Millisecond):
 	}
-	unleased[1].Release()
-	for range 2 {
+	for i := range 2 {
+		unleased[i].Release()
 		select {
 		case sl := <-got:
 			if !sl.leased {
@@ -560,7 +579,12 @@ func TestSharedLimitResumesAfterUnleasedSlotsEnd(t *testing.T) {
 			}
 			defer sl.Release()
 		case <-time.After(3 * time.Second):
-			t.Fatal("the waiters were not served once the unleased slots ended")
+			t.Fatal("a waiter was not served once an unleased slot ended")
+		}
+		select {
+		case <-got:
+			t.Fatal("two waiters served for one slot ended")
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	if s.Degraded() || degraded.Load() {

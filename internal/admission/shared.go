@@ -180,10 +180,7 @@ func (s *Scheduler) pumpPool(p *Pool) bool {
 // hold no lease, and other replicas that still reach the store would fill
 // the whole limit on top of them.
 func (s *Scheduler) sharedFailed(err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
-	perr := s.shared.Ping(ctx)
-	cancel()
-	if perr == nil {
+	if perr := s.pingStore(); perr == nil {
 		s.log.Warn("shared concurrency limit: a call failed but the store answers; keeping the shared limit", "err", err)
 		return
 	}
@@ -194,6 +191,7 @@ func (s *Scheduler) sharedFailed(err error) {
 	}
 	s.degraded = true
 	s.draining = false
+	s.live = s.shared.LiveReplicas()
 	s.checkedAt = time.Now()
 	s.log.Warn("shared concurrency limit unreachable: each backend's limit is now shared out per replica",
 		"live_replicas", max(1, s.shared.LiveReplicas()), "err", err)
@@ -205,9 +203,29 @@ func (s *Scheduler) sharedFailed(err error) {
 	}
 }
 
-// tryRecover goes back to the shared limit once the store answers again:
-// at once when no slot handed out without a lease is held, else after the
-// last is released (draining; meanwhile nothing more is handed out here).
+// pingStore pings the store up to downPings times and returns nil at the
+// first answer: a slow store (calls past the timeout now and then) is not
+// down, and taking the share while the other replicas still reach it puts
+// this replica's slots on top of the whole limit.
+func (s *Scheduler) pingStore() error {
+	var err error
+	for range downPings {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
+		err = s.shared.Ping(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// tryRecover goes back to the shared limit once the store answers again.
+// The slots handed out without a lease are still running: first they get
+// leases (adopted), so that the store counts them, and the store grants
+// nothing to anyone for adoptFence, time for the other replicas that
+// served their share to adopt theirs; meanwhile nothing more is handed out
+// here (draining).
 func (s *Scheduler) tryRecover() {
 	ctx, cancel := context.WithTimeout(context.Background(), sharedCallTimeout)
 	err := s.shared.Ping(ctx)
@@ -216,16 +234,43 @@ func (s *Scheduler) tryRecover() {
 		return
 	}
 	s.mu.Lock()
-	if s.degraded && !s.draining {
-		if s.unleased == 0 {
-			s.resumeSharedLocked()
-		} else {
-			s.draining = true
-			s.log.Info("shared concurrency limit reachable again: resuming once the slots handed out meanwhile end",
-				"slots", s.unleased)
+	if !s.degraded {
+		s.mu.Unlock()
+		return
+	}
+	s.draining = true
+	counts := map[string]int{}
+	for _, b := range s.backends {
+		if n := b.unleased - len(b.adopted); n > 0 {
+			counts[b.name] = n
 		}
 	}
 	s.mu.Unlock()
+	ctx, cancel = context.WithTimeout(context.Background(), sharedCallTimeout)
+	adopted, err := s.shared.Adopt(ctx, counts, adoptFence)
+	cancel()
+	s.mu.Lock()
+	if err != nil {
+		s.draining = false
+		s.mu.Unlock()
+		s.log.Warn("shared concurrency limit: adopting the slots handed out without it failed; still serving the share", "err", err)
+		return
+	}
+	var extra []lease.Lease
+	for name, ls := range adopted {
+		b := s.byName[name]
+		// Slots that ended during the call need no lease.
+		keep := max(0, min(len(ls), b.unleased-len(b.adopted)))
+		b.adopted = append(b.adopted, ls[:keep]...)
+		extra = append(extra, ls[keep:]...)
+	}
+	s.log.Info("shared concurrency limit reachable again: the slots handed out without it are counted there",
+		"slots", s.unleased)
+	s.resumeSharedLocked()
+	s.mu.Unlock()
+	for _, l := range extra {
+		s.giveBack(l)
+	}
 }
 
 // resumeSharedLocked leaves the per-replica share; the pump serves the

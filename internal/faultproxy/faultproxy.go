@@ -113,3 +113,10 @@ func (p *Proxy) add(kind, direction string, toxicity float64, attributes string)
 		p.t.Fatalf("faultproxy: add %s: %v", kind, err)
 	}
 }
+
+// CutReplies closes a share of the connections (toxicity 0–1) once bytes
+// have come back from the server on them, mid-answer: the command the server
+// was answering has run, and its client never learns how it ended.
+func (p *Proxy) CutReplies(toxicity float64, bytes int) {
+	p.add("limit_data", "downstream", toxicity, fmt.Sprintf(`{"bytes":%d}`, bytes))
+}

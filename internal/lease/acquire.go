@@ -48,7 +48,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 	back := s.giveBack
 	s.giveBack = nil
 	s.mu.Unlock()
-	keys := make([]string, 0, 3*n+2*len(back))
+	keys := make([]string, 0, 3*n+2*len(back)+1)
 	args := make([]any, 0, 8+3*n+2*len(back))
 	args = append(args, s.waitMember(req.Queue), member, arrival.UnixMilli(), next,
 		s.o.TTL.Milliseconds(), mrand.Float64(), s.channel, len(back))
@@ -64,6 +64,7 @@ func (s *Store) Acquire(ctx context.Context, req Request) (int, Lease, error) {
 		keys = append(keys, s.leaseKey(l.backend), s.waitKey(l.backend))
 		args = append(args, l.member, l.backend)
 	}
+	keys = append(keys, s.fenceKey())
 	chosen, err := acquireScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err != nil {
 		s.mu.Lock()
@@ -156,4 +157,57 @@ func (s *Store) forgetWaitLocked(backend, queue string) {
 func isServerError(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
+}
+
+// Adopt takes counts[backend] leases on each backend for slots this replica
+// handed out while Redis was unreachable, granted whatever the backend
+// holds already: their requests run anyway, and Redis must count them
+// before it grants anything more. It also holds back every replica's
+// grants for fence, time for the other replicas that served their share
+// meanwhile to adopt theirs (a fence of 0 raises none). The leases are
+// renewed and released like any other. In one call; on an error the leases
+// that Redis may hold are deleted by the next renewal.
+func (s *Store) Adopt(ctx context.Context, counts map[string]int, fence time.Duration) (map[string][]Lease, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	keys := []string{s.fenceKey()}
+	args := []any{s.o.TTL.Milliseconds(), fence.Milliseconds()}
+	out := map[string][]Lease{}
+	for b, c := range counts {
+		if c <= 0 {
+			continue
+		}
+		keys = append(keys, s.leaseKey(b))
+		args = append(args, c)
+		for range c {
+			l := Lease{backend: b, member: s.memberID + strconv.FormatUint(s.seq.Add(1), 10)}
+			out[b] = append(out[b], l)
+			args = append(args, l.member)
+		}
+	}
+	if err := adoptScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		s.mu.Lock()
+		for _, ls := range out {
+			s.orphanAllLocked(ls)
+		}
+		s.mu.Unlock()
+		return nil, fmt.Errorf("lease: adopt slots handed out without Redis: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return out, nil // they lapse within TTL, or the caller releases them
+	}
+	for b, ls := range out {
+		m := s.leases[b]
+		if m == nil {
+			m = map[string]struct{}{}
+			s.leases[b] = m
+		}
+		for _, l := range ls {
+			m[l.member] = struct{}{}
+		}
+	}
+	return out, nil
 }

@@ -52,6 +52,7 @@
 //	P lease-wait:<backend>     sorted set: member "<replica>/<queue>", score = arrival of the queue's head (ms, replica clock)
 //	P lease-waitexp:<backend>  sorted set: same members, score = expiry of the wait entry (ms, Redis clock)
 //	P lease-replicas           sorted set: member = replica, score = expiry of its liveness (ms, Redis clock)
+//	P lease-fence              string: until when (ms, Redis clock) nothing is granted (Adopt)
 //	P lease-released           pub/sub channel: payload = backend name (a slot freed that someone waits for)
 //
 // Every script reads the time with Redis TIME, so replica clock skew cannot
@@ -78,9 +79,18 @@
 //     for.
 //   - renew (every TTL/3, one call for all backends): refresh the replica's
 //     liveness and count the live replicas, then extend the leases and wait
-//     entries this store holds, only where they still exist (a lease that
-//     expired is gone for good: another replica may already have its slot),
-//     and ZREM leases whose acquire or release failed half-way.
+//     entries this store holds; a lease found gone (it expired while the
+//     replica could not renew it, or Redis lost its data) is added again,
+//     since its request still runs and Redis must count it (a wait entry
+//     found gone is not); and ZREM leases whose acquire or release failed
+//     half-way.
+//   - acquire answers its first grant again when sent again after a lost
+//     reply (its lease member is already there), and grants nothing while
+//     the fence stands.
+//   - adopt: add leases whatever a backend holds, for slots a replica
+//     handed out while Redis was unreachable, and raise the fence (P
+//     lease-fence, a key with an expiry) so that the other replicas adopt
+//     theirs before anything more is granted.
 //   - clear, leave and count: remove wait entries; remove everything the
 //     replica holds (Close); count live leases.
 //
@@ -105,5 +115,6 @@
 // script meets it, so callers must also retry waiting queues on a timer. A
 // replica cut off from Redis for longer than TTL loses its leases while its
 // requests still run; others may then use those slots, so the backend can
-// be over its limit until those requests end.
+// be over its limit until those requests end (its next renewal counts them
+// again, so that nothing more is granted on top of them).
 package lease

@@ -106,6 +106,15 @@ func (s *Store) renew(ctx context.Context) error {
 	if len(lost) == 0 {
 		return nil
 	}
+	readded := false
+	defer func() {
+		if readded {
+			select {
+			case s.flushSoon <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, v := range lost {
@@ -121,17 +130,16 @@ func (s *Store) renew(ctx context.Context) error {
 			}
 			continue
 		}
-		if m := s.leases[it.backend]; m != nil {
-			if _, ok := m[it.member]; ok {
-				// The request still runs, so the backend may now serve more
-				// than Max at once until it ends.
-				s.log.Warn("lease expired before it could be renewed; its slot may be taken twice", "backend", it.backend)
-				delete(m, it.member)
-				if len(m) == 0 {
-					delete(s.leases, it.backend)
-				}
-			}
+		if _, ok := s.leases[it.backend][it.member]; ok {
+			// The request still runs: the script has counted it again.
+			s.log.Warn("lease had expired or was lost by Redis while its request ran; counted again (its slot may have been taken twice meanwhile)",
+				"backend", it.backend)
+			continue
 		}
+		// Released while the renewal was on its way, and the release ran
+		// first: the renewal has added it back, so release it again.
+		s.giveBack = append(s.giveBack, Lease{backend: it.backend, member: it.member})
+		readded = true
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ end
 // (Store.ReleaseSoon), then takes a slot on one of the candidates.
 //
 // KEYS: per candidate i: lease, wait, waitexp; then per lease given back:
-// lease, wait.
+// lease, wait; last, the fence (see adoptScript).
 // ARGV: 1 wait member, 2 lease member, 3 arrival ms, 4 next arrival ms or
 // "0", 5 TTL ms, 6 random number in [0,1), 7 channel, 8 number of leases
 // given back (m), then per candidate: name, max, weight; then per lease
@@ -72,11 +72,25 @@ local ttl = tonumber(ARGV[5])
 local r = tonumber(ARGV[6])
 local ch = ARGV[7]
 local m = tonumber(ARGV[8])
-local n = (#KEYS - 2*m) / 3
+local n = (#KEYS - 1 - 2*m) / 3
 local exp = now + ttl
+-- While a fence stands, nothing new is granted: replicas that served
+-- their share without Redis are adopting those slots.
+local fence = redis.call('GET', KEYS[#KEYS])
+local fenced = fence and tonumber(fence) > now
 
 for j = 1, m do
   release(KEYS[3*n + 2*j - 1], KEYS[3*n + 2*j], ARGV[8 + 3*n + 2*j - 1], ch, ARGV[8 + 3*n + 2*j])
+end
+
+-- A call whose reply was lost may be sent again (the client retries once):
+-- if it already granted this lease, the answer is that grant again, not a
+-- second slot, nor a refusal that would leave the first held by nobody.
+local already = 0
+for i = 1, n do
+  if redis.call('ZSCORE', KEYS[3*i-2], lid) then
+    already = i
+  end
 end
 
 local freed = {}   -- candidate i freed capacity that others may wait for
@@ -96,7 +110,7 @@ for i = 1, n do
   end
   local max = tonumber(ARGV[8 + 3*i - 1])
   local w = tonumber(ARGV[8 + 3*i])
-  if max - held - ahead > 0 then
+  if already == 0 and not fenced and max - held - ahead > 0 then
     local load = held / (max * w)
     if bestLoad == nil or load < bestLoad - 1e-12 then
       bestLoad = load
@@ -107,8 +121,10 @@ for i = 1, n do
   end
 end
 
-local chosen = 0
-if #tied > 0 then
+local chosen = already
+if already > 0 then
+  redis.call('ZADD', KEYS[3*chosen-2], exp, lid)
+elseif #tied > 0 then
   local sum = 0
   for _, i in ipairs(tied) do
     sum = sum + tonumber(ARGV[8 + 3*i])
@@ -193,9 +209,9 @@ return 0
 // ARGV: 1 replica, 2 TTL ms, 3 channel, then per backend: name, then three
 // counted lists (count, members...): leases to extend, wait members to
 // extend, leases to delete.
-// Returns {live replicas, {1-based positions of the extended items that
-// were gone}}, positions counting leases and wait members in order across
-// backends.
+// Returns {live replicas, {1-based positions of the items that were gone}},
+// positions counting leases and wait members in order across backends; a
+// lease that was gone is added again, a wait entry is not.
 var renewScript = newScript(luaPrelude + `
 local ttl = tonumber(ARGV[2])
 local ch = ARGV[3]
@@ -219,13 +235,15 @@ for j = 1, (#KEYS - 1) / 3 do
     pos = pos + 1
     local m = ARGV[p]
     p = p + 1
-    -- Only extend a lease that still exists: once expired it was removed,
-    -- and its slot may already be someone else's.
-    if redis.call('ZSCORE', lk, m) then
-      redis.call('ZADD', lk, exp, m)
-    else
+    -- A lease found gone (it expired while this replica could not renew
+    -- it, or Redis lost its data) still has its request running: it is
+    -- counted again, so that nothing more is granted on top of it. Its
+    -- slot may meanwhile be someone else's; the backend is then over its
+    -- limit until one of them ends, but not further.
+    if not redis.call('ZSCORE', lk, m) then
       lost[#lost + 1] = pos
     end
+    redis.call('ZADD', lk, exp, m)
   end
   if nl > 0 then keep(lk, 2 * ttl) end
   local nw = tonumber(ARGV[p])
@@ -288,6 +306,36 @@ for j = 1, (#KEYS - 1) / 3 do
   if freed and redis.call('ZCARD', wk) > 0 then
     redis.call('PUBLISH', ch, name)
   end
+end
+return 0
+`)
+
+// adoptScript adds leases whatever a backend holds already, for slots a
+// replica handed out while it could not reach Redis (their requests run
+// anyway: now they are counted), and raises the fence, which holds back
+// every grant until it expires, so that the other replicas that served
+// their share meanwhile adopt theirs before anything is granted on top.
+//
+// KEYS: 1 fence, then per backend: lease. ARGV: 1 TTL ms, 2 fence ms, then
+// per backend: count, members.
+var adoptScript = newScript(luaPrelude + `
+local ttl = tonumber(ARGV[1])
+local fence = tonumber(ARGV[2])
+local exp = now + ttl
+-- The fence holds its end (ms, Redis clock) and expires a little later.
+local till = now + fence
+if fence > 0 and till > tonumber(redis.call('GET', KEYS[1]) or '0') then
+  redis.call('SET', KEYS[1], till, 'PX', fence + 1000)
+end
+local p = 3
+for j = 2, #KEYS do
+  local c = tonumber(ARGV[p])
+  p = p + 1
+  for k = 1, c do
+    redis.call('ZADD', KEYS[j], exp, ARGV[p])
+    p = p + 1
+  end
+  if c > 0 then keep(KEYS[j], 2 * ttl) end
 end
 return 0
 `)

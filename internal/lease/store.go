@@ -188,6 +188,7 @@ func (s *Store) leaseKey(b string) string   { return s.o.Prefix + "lease:" + b }
 func (s *Store) waitKey(b string) string    { return s.o.Prefix + "lease-wait:" + b }
 func (s *Store) waitExpKey(b string) string { return s.o.Prefix + "lease-waitexp:" + b }
 func (s *Store) replicasKey() string        { return s.o.Prefix + "lease-replicas" }
+func (s *Store) fenceKey() string           { return s.o.Prefix + "lease-fence" }
 func (s *Store) waitMember(queue string) string {
 	return s.o.Replica + "/" + queue
 }
