@@ -172,8 +172,8 @@ func (r *leaseRig) inFlight() []int64 {
 // share is one replica's part of the limit while Redis is away.
 func (r *leaseRig) share() int64 { return int64(max(1, leaseMax/len(r.replicas))) }
 
-// loadResult is what the clients saw during one phase.
-type loadResult struct {
+// leaseLoad is what the clients saw during one phase.
+type leaseLoad struct {
 	mu       sync.Mutex
 	statuses map[int]int
 	aborted  int
@@ -181,13 +181,13 @@ type loadResult struct {
 	longest  time.Duration
 }
 
-func (l *loadResult) String() string {
+func (l *leaseLoad) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return fmt.Sprintf("statuses %v, %d abandoned by their client, longest %s", l.statuses, l.aborted, l.longest.Round(time.Millisecond))
 }
 
-func (l *loadResult) ok() int {
+func (l *leaseLoad) ok() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.statuses[http.StatusOK]
@@ -195,8 +195,8 @@ func (l *loadResult) ok() int {
 
 // load runs clients (three per slot) against every replica in turn until
 // stop is closed, and returns once every request has ended.
-func (r *leaseRig) load(stop <-chan struct{}) *loadResult {
-	res := &loadResult{statuses: map[int]int{}}
+func (r *leaseRig) load(stop <-chan struct{}) *leaseLoad {
+	res := &leaseLoad{statuses: map[int]int{}}
 	// A request may queue for queueFor, wait on Redis (two calls of 1 s
 	// before the per-replica share takes over) and stream for up to 3 s.
 	bound := r.queueFor + 3*time.Second + 4*time.Second
@@ -274,11 +274,11 @@ func (r *leaseRig) send(client *http.Client, ctx context.Context, e *testEnv, bo
 
 // phase runs the load for d while during runs (the fault), and returns the
 // engine's peak of requests at once over the phase.
-func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *loadResult) {
+func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *leaseLoad) {
 	r.t.Helper()
 	r.engine.peak.Store(r.engine.running.Load())
 	stop := make(chan struct{})
-	done := make(chan *loadResult)
+	done := make(chan *leaseLoad)
 	go func() { done <- r.load(stop) }()
 	// Which replicas served their share at some point of the phase.
 	var degraded sync.Map
