@@ -16,6 +16,8 @@
 #   Playwright with playwright.engine.config.ts, which starts `bin/moonji
 #   serve` (built by `make build`). Ollama is stopped on exit, whatever
 #   happens. Extra arguments go to Playwright (e.g. -g 'embeddings').
+# - Then web/real_engine_faults_test.go cuts that Ollama's connection
+#   mid-answer through a fault proxy.
 # - Playwright's output (what a failed test leaves) goes to
 #   test-results/engine-real/, apart from `make test`'s, so that neither run
 #   erases the other's (Playwright empties its output directory at start).
@@ -131,3 +133,8 @@ sed "s#__OLLAMA_URL__#http://127.0.0.1:$ollama_port/v1#g" e2e/engine-real/moonji
 export MOONJI_ENGINE_E2E_PORT=${MOONJI_ENGINE_E2E_PORT:-$(freeport)}
 echo "test-engine: Ollama on 127.0.0.1:$ollama_port, Moonji on 127.0.0.1:$MOONJI_ENGINE_E2E_PORT" >&2
 npx playwright test --config playwright.engine.config.ts "$@"
+
+# 5. A fault against the real engine: its connection cut mid-answer, through
+#    a fault proxy (web/real_engine_faults_test.go; skipped by `make test`,
+#    which has no engine).
+MOONJI_TEST_OLLAMA_URL="http://127.0.0.1:$ollama_port/v1" go test -count=1 -run '^TestRealEngine' ./web/

@@ -120,3 +120,9 @@ func (p *Proxy) add(kind, direction string, toxicity float64, attributes string)
 func (p *Proxy) CutReplies(toxicity float64, bytes int) {
 	p.add("limit_data", "downstream", toxicity, fmt.Sprintf(`{"bytes":%d}`, bytes))
 }
+
+// Bandwidth slows what the server sends back to kbps kilobytes a second:
+// a fast engine's answer then takes long enough to be cut midway.
+func (p *Proxy) Bandwidth(kbps int) {
+	p.add("bandwidth", "downstream", 1, fmt.Sprintf(`{"rate":%d}`, kbps))
+}
