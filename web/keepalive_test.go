@@ -92,6 +92,24 @@ func TestKeepalivesLeaveFramesAsTheyWere(t *testing.T) {
 	}
 }
 
+// A comment is a write the client reads: it moves the client's write
+// deadline like a frame does, so a stream silent for longer than
+// stream_write_timeout is not taken for one whose client stopped reading.
+func TestKeepalivesMoveTheWriteDeadline(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", withKeepalive(100*time.Millisecond), func(c *config.Config) {
+		c.StreamWriteTimeout = 500 * time.Millisecond
+	})
+	resp := e.post(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}],` +
+		`"mock":{"tokens":3,"ttft_ms":300,"pause_after":1,"pause_ms":1500}}`)
+	b, _ := readAllQuiet(resp)
+	if body := string(b); !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("a stream silent 1.5 s, its client reading every keep-alive, was cut by a 500 ms write timeout; ends %q", tail(body))
+	}
+	if row := e.final(resp.Header.Get("X-Inference-Id")); row.Outcome != models.OutcomeSuccess {
+		t.Fatalf("row = %+v", row)
+	}
+}
+
 // stream_keepalive: 0 turns them off.
 func TestKeepaliveOff(t *testing.T) {
 	e := startEnv(t, "sqlite://"+t.TempDir()+"/m.db", withKeepalive(0))

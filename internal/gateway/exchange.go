@@ -170,7 +170,15 @@ func (x *exchange) keptAlive(gs *guardedStream) io.ReadCloser {
 	if x.g.keepalive <= 0 || x.call.Conn == nil {
 		return gs // the chat reads its replies itself, and has its own
 	}
-	return keepalive.New(gs, x.g.keepalive, func() { x.cancel(errClientLeft) })
+	var armWrite func()
+	if x.g.stall > 0 {
+		// The comment's own write deadline, on the connection alone: the
+		// relay's goroutine may be arming one for a frame (armWriteDeadline)
+		// at the same moment, and both are "now + stall".
+		conn, stall := x.call.Conn, x.g.stall
+		armWrite = func() { _ = conn.SetWriteDeadline(time.Now().Add(stall)) }
+	}
+	return keepalive.New(gs, x.g.keepalive, func() { x.cancel(errClientLeft) }, armWrite)
 }
 
 // frameBuffered tells whether an engine's answer body already holds its

@@ -44,6 +44,11 @@ type Stream struct {
 	// while the engine is silent only when writing a comment failed, that
 	// is when the client left.
 	abort func()
+	// beforeComment runs before a comment is handed out (nil: nothing):
+	// a comment is a write like any frame, and the client's write
+	// deadline must move with it, or a client reading every comment
+	// would be taken for one that stopped reading.
+	beforeComment func()
 
 	asks    chan struct{}
 	results chan result
@@ -67,12 +72,14 @@ type result struct {
 // New returns src with a comment every interval of silence, and starts its
 // goroutine; the server must Close it. abort is called (from the server's
 // goroutine) when the stream is closed during a read of src, and must make
-// that read return.
-func New(src Source, every time.Duration, abort func()) *Stream {
+// that read return. beforeComment, when not nil, is called (from the
+// server's goroutine, while src may be read) before each comment.
+func New(src Source, every time.Duration, abort, beforeComment func()) *Stream {
 	s := &Stream{
-		src:     src,
-		every:   every,
-		abort:   abort,
+		src:           src,
+		every:         every,
+		abort:         abort,
+		beforeComment: beforeComment,
 		asks:    make(chan struct{}),
 		results: make(chan result, 1), // the last one is never waited for after Close
 		exited:  make(chan struct{}),
@@ -108,6 +115,9 @@ func (s *Stream) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if s.reading {
+			if s.beforeComment != nil {
+				s.beforeComment()
+			}
 			return copy(p, Comment), nil // Comment is shorter than any server's buffer
 		}
 	}

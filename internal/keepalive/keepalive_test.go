@@ -53,7 +53,7 @@ func readOnce(t *testing.T, r io.Reader) ([]byte, error) {
 
 func TestFramesPassAsTheyAre(t *testing.T) {
 	src := newSource()
-	s := New(src, time.Hour, func() { t.Error("abort on a stream closed between reads") })
+	s := New(src, time.Hour, func() { t.Error("abort on a stream closed between reads") }, nil)
 	frames := [][]byte{[]byte("data: {\"a\":1}\n\n"), []byte("data: [DONE]\n\n")}
 	go func() {
 		for _, f := range frames {
@@ -88,7 +88,7 @@ func TestFramesPassAsTheyAre(t *testing.T) {
 // delivered) happens after everything before was written.
 func TestSourceIsReadOnlyWhenAsked(t *testing.T) {
 	src := newSource()
-	s := New(src, time.Hour, func() { close(src.abort) })
+	s := New(src, time.Hour, func() { close(src.abort) }, nil)
 	defer s.Close()
 	go func() { src.pieces <- piece{b: []byte("data: 1\n\n")} }()
 	if _, err := readOnce(t, s); err != nil {
@@ -105,7 +105,7 @@ func TestSourceIsReadOnlyWhenAsked(t *testing.T) {
 
 func TestSilenceGetsCommentsBetweenFramesOnly(t *testing.T) {
 	src := newSource()
-	s := New(src, 20*time.Millisecond, func() { close(src.abort) })
+	s := New(src, 20*time.Millisecond, func() { close(src.abort) }, nil)
 	defer s.Close()
 
 	// Silent before the first frame: comments.
@@ -150,7 +150,7 @@ func TestSilenceGetsCommentsBetweenFramesOnly(t *testing.T) {
 func TestCloseDuringSilenceAbortsTheRead(t *testing.T) {
 	src := newSource()
 	aborted := 0
-	s := New(src, 10*time.Millisecond, func() { aborted++; close(src.abort) })
+	s := New(src, 10*time.Millisecond, func() { aborted++; close(src.abort) }, nil)
 	if b, err := readOnce(t, s); err != nil || !bytes.Equal(b, Comment) {
 		t.Fatalf("got %q, %v; want a comment", b, err)
 	}
@@ -168,7 +168,7 @@ func TestCloseDuringSilenceAbortsTheRead(t *testing.T) {
 func BenchmarkFrames(b *testing.B) {
 	frame := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
 	src := &fast{frame: frame}
-	s := New(src, 15*time.Second, func() {})
+	s := New(src, 15*time.Second, func() {}, nil)
 	defer s.Close()
 	buf := make([]byte, 4096)
 	b.SetBytes(int64(len(frame)))
