@@ -42,10 +42,10 @@ func TestCheckLedger(t *testing.T) {
 // Growth beyond 10 % (rounded up to a whole goroutine) is a violation.
 func TestCheckGrowth(t *testing.T) {
 	before := []sample{{Replica: 0, RSSMiB: 50, Goroutines: 40}}
-	if _, vs := checkGrowth(before, []sample{{Replica: 0, RSSMiB: 54, Goroutines: 44}}); len(vs) != 0 {
+	if _, vs := checkGrowth(before, []sample{{Replica: 0, RSSMiB: 54, Goroutines: 44}}, maxGrowth); len(vs) != 0 {
 		t.Fatalf("within bounds: %+v", vs)
 	}
-	if _, vs := checkGrowth(before, []sample{{Replica: 0, RSSMiB: 56, Goroutines: 45}}); len(vs) != 2 {
+	if _, vs := checkGrowth(before, []sample{{Replica: 0, RSSMiB: 56, Goroutines: 45}}, maxGrowth); len(vs) != 2 {
 		t.Fatalf("beyond both bounds: %+v", vs)
 	}
 }

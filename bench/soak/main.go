@@ -68,6 +68,7 @@ func run() error {
 	front := flag.String("front-cmd", "", "a command run for the whole soak in front of the replicas (SOAK_REPLICAS: their addresses); its first line of output: the base URLs clients use")
 	hook := flag.String("fault-hook", "", "a command run with `start` and `stop` as one more fault")
 	keep := flag.Bool("keep", false, "keep the PostgreSQL schema for a look")
+	maxRSS := flag.Float64("max-rss-growth", maxGrowth, "largest RSS growth from idle after warm-up to idle at the end (0.10: the issue's bound, for a long run)")
 	flag.Parse()
 
 	if *warmup == 0 {
@@ -163,7 +164,7 @@ func run() error {
 	rows := settle(db, recs, 90*time.Second)
 	lc, lv := checkLedger(recs, rows)
 	vs = append(vs, lv...)
-	gs, gv := checkGrowth(before, after)
+	gs, gv := checkGrowth(before, after, *maxRSS)
 	vs = append(vs, gv...)
 
 	kinds := map[string]int{}
