@@ -80,10 +80,10 @@ func New(src Source, every time.Duration, abort, beforeComment func()) *Stream {
 		every:         every,
 		abort:         abort,
 		beforeComment: beforeComment,
-		asks:    make(chan struct{}),
-		results: make(chan result, 1), // the last one is never waited for after Close
-		exited:  make(chan struct{}),
-		buf:     make([]byte, bufSize),
+		asks:          make(chan struct{}),
+		results:       make(chan result, 1), // the last one is never waited for after Close
+		exited:        make(chan struct{}),
+		buf:           make([]byte, bufSize),
 	}
 	go s.run()
 	return s
