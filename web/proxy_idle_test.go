@@ -61,7 +61,8 @@ func startNginx(t *testing.T, upstream, readTimeout string) string {
 		conf = strings.Replace(conf, old, repl, 1)
 	}
 	dir := t.TempDir()
-	main := fmt.Sprintf(`worker_processes 1;
+	// One process (no master and worker): killing it leaves nothing behind.
+	main := fmt.Sprintf(`master_process off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
 daemon off;

@@ -25,7 +25,9 @@ func (c *cluster) frontEnv() []string {
 // line it prints is the comma-separated base URLs the clients use instead of
 // the replicas. It is ended with the cluster.
 func (c *cluster) startFront(cmdline string) ([]string, error) {
-	cmd := exec.Command("sh", "-c", cmdline)
+	// exec: the soak's SIGTERM reaches the command itself, not a shell
+	// that would die and leave it running.
+	cmd := exec.Command("sh", "-c", "exec "+cmdline)
 	cmd.Dir, cmd.Env = c.dir, c.frontEnv()
 	setDeathSignal(cmd)
 	logf, err := os.Create(filepath.Join(c.dir, "front.log"))

@@ -4,7 +4,7 @@
 # a proxy_read_timeout of SOAK_PROXY_TIMEOUT (20s: a little above the
 # replicas' 15 s keep-alives, far below the engine faults' silences), so
 # that every stream whose engine stalls lives only by its keep-alives.
-# Prints the base URL, then runs nginx in the foreground until killed.
+# Prints the base URL, then runs nginx until it gets SIGTERM.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 dir="${SOAK_DIR:?}/nginx"
@@ -31,4 +31,10 @@ $(printf '%b' "$site")
 NG
 nginx -t -p "$dir" -c "$dir/nginx.conf" >&2
 echo "http://127.0.0.1:$port"
-exec nginx -p "$dir" -c "$dir/nginx.conf"
+# In the foreground of this script, which the soak stops with SIGTERM: the
+# trap passes it on (nginx's master then stops its worker too), so that
+# nothing holds the soak's pipe once it is done.
+nginx -p "$dir" -c "$dir/nginx.conf" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; exit 0' TERM INT
+wait "$pid"
