@@ -15,6 +15,7 @@ import (
 
 	"moonji/internal/apikey"
 	"moonji/internal/attachment"
+	"moonji/internal/audit"
 	"moonji/internal/auth"
 	"moonji/internal/budget"
 	"moonji/internal/chat"
@@ -31,6 +32,8 @@ type Handler struct {
 	APIKeys *apikey.Store
 	Stopper *gateway.Stopper
 	Log     *slog.Logger
+	// Audit records every change that is not an inference (nil: none).
+	Audit *audit.Log
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service

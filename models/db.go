@@ -152,7 +152,7 @@ func Migrate(db *gorm.DB) error {
 		return err
 	}
 	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{},
-		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}, &Share{}, &Attachment{}); err != nil {
+		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}, &Share{}, &Attachment{}, &AuditEvent{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
 	if err := dropUsageIndexes(db); err != nil {

@@ -23,6 +23,7 @@ import (
 	"moonji/internal/admission"
 	"moonji/internal/apikey"
 	"moonji/internal/attachment"
+	"moonji/internal/audit"
 	"moonji/internal/budget"
 	"moonji/internal/chat"
 	"moonji/internal/config"
@@ -383,7 +384,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	wctx, stopWithdrawals := context.WithCancel(context.Background())
 	go withdrawals.Run(wctx)
 	s.closers = append(s.closers, stopWithdrawals)
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Audit: audit.New(db, log), Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
 		Policies: s.Policies, Budgets: s.Budgets,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
 			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(),
