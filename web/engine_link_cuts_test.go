@@ -178,7 +178,16 @@ func TestEngineLinkCutRepeatedly(t *testing.T) {
 	long.up = time.Now()
 	windows = append(windows, long)
 	waitFor(t, "the link to be back", 15*time.Second, func() bool { return gauge("moonji_engine_connected") == 1 })
-	time.Sleep(500 * time.Millisecond) // requests flow on the link once more
+	waitFor(t, "a request sent after the last cut to be answered over the link", 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range results {
+			if r.start.After(long.up) && r.clientFailed == nil && r.status == http.StatusOK {
+				return true
+			}
+		}
+		return false
+	})
 	close(stop)
 	wg.Wait()
 

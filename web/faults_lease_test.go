@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,37 +54,113 @@ func leaseEnvDuration(t *testing.T, name string, def time.Duration) time.Duratio
 }
 
 // leaseEngine is the mock engine counting the requests it serves at once.
-// A request stops counting when its handler returns or when its sender
-// closes the connection, whichever comes first: the gateway gives a slot
-// back once it has hung up an abandoned request, and the engine has been
-// told by then (the mock notices only at its next token).
+//
+// A request counts from its arrival until its handler returns or its sender
+// closes the connection. The gateway closes an abandoned request's
+// connection before it gives the slot back, but this server learns of the
+// close only when a goroutine of its own reads the end of the connection,
+// which on a busy machine can come after the next request has arrived
+// through the freed slot. So at each arrival the engine asks the kernel
+// whether each running request's connection has been closed by the gateway
+// (its end is already in the socket's receive queue): that ordering, not
+// the scheduling of this process's goroutines, is what the engine sees.
 type leaseEngine struct {
-	mock          *mockllm.Server
-	url           string
-	running, peak atomic.Int64
+	mock *mockllm.Server
+	url  string
+
+	mu      sync.Mutex
+	open    map[*http.Request]int // running request → its connection's descriptor
+	running atomic.Int64
+	peak    atomic.Int64
 }
+
+type leaseConnKey struct{}
 
 func startLeaseEngine(t *testing.T) *leaseEngine {
 	t.Helper()
-	e := &leaseEngine{mock: mockllm.New(mockllm.Options{Models: []string{"m1"},
+	e := &leaseEngine{open: map[*http.Request]int{}, mock: mockllm.New(mockllm.Options{Models: []string{"m1"},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})}
-	srv := httptest.NewServer(e)
+	srv := httptest.NewUnstartedServer(e)
+	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, leaseConnKey{}, c)
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	e.url = srv.URL + "/v1"
 	return e
 }
 
+// connFD is the descriptor of the request's connection (-1: unknown).
+func connFD(r *http.Request) int {
+	c, ok := r.Context().Value(leaseConnKey{}).(syscall.Conn)
+	if !ok {
+		return -1
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1
+	}
+	return fd
+}
+
+// closedByPeer tells whether the peer has closed the connection on fd: a
+// peek finds its end (or its reset) waiting, not data or nothing yet.
+func closedByPeer(fd int) bool {
+	if fd < 0 {
+		return false
+	}
+	var b [1]byte
+	n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	if err != nil {
+		return !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR)
+	}
+	return n == 0
+}
+
+func (e *leaseEngine) arrive(r *http.Request) {
+	fd := connFD(r)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := int64(1)
+	for _, other := range e.open {
+		if !closedByPeer(other) {
+			n++
+		}
+	}
+	e.open[r] = fd
+	e.running.Add(1)
+	if n > e.peak.Load() {
+		e.peak.Store(n)
+	}
+}
+
+func (e *leaseEngine) leave(r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.open[r]; ok {
+		delete(e.open, r)
+		e.running.Add(-1)
+	}
+}
+
+// resetPeak starts a phase's peak from the requests running now.
+func (e *leaseEngine) resetPeak() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.peak.Store(int64(len(e.open)))
+}
+
 func (e *leaseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/chat/completions") {
-		n := e.running.Add(1)
-		for p := e.peak.Load(); n > p && !e.peak.CompareAndSwap(p, n); p = e.peak.Load() {
-		}
-		var once sync.Once
-		end := func() { once.Do(func() { e.running.Add(-1) }) }
-		stop := context.AfterFunc(r.Context(), end)
+		e.arrive(r)
+		stop := context.AfterFunc(r.Context(), func() { e.leave(r) })
 		defer func() {
 			stop()
-			end()
+			e.leave(r)
 		}()
 	}
 	e.mock.ServeHTTP(w, r)
@@ -276,7 +354,7 @@ func (r *leaseRig) send(client *http.Client, ctx context.Context, e *testEnv, bo
 // engine's peak of requests at once over the phase.
 func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *leaseLoad) {
 	r.t.Helper()
-	r.engine.peak.Store(r.engine.running.Load())
+	r.engine.resetPeak()
 	stop := make(chan struct{})
 	done := make(chan *leaseLoad)
 	go func() { done <- r.load(stop) }()
