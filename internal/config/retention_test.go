@@ -24,8 +24,8 @@ func TestRetention(t *testing.T) {
 		t.Errorf("unset retention must keep forever: %+v", c.Retention)
 	}
 	for body, want := range map[string]Retention{
-		"retention: {usage: 400d, conversations: 0}":      {Usage: Age(400 * 24 * time.Hour)},
-		"retention: {usage: 720h, conversations: 30d}":    {Usage: Age(720 * time.Hour), Conversations: Age(30 * 24 * time.Hour)},
+		"retention: {usage: 400d, conversations: 0}":       {Usage: Age(400 * 24 * time.Hour)},
+		"retention: {usage: 720h, conversations: 30d}":     {Usage: Age(720 * time.Hour), Conversations: Age(30 * 24 * time.Hour)},
 		"retention: {usage: \"0\", conversations: 36600d}": {Conversations: Age(36600 * 24 * time.Hour)},
 		"retention:\n  usage: 1d\n":                        {Usage: Age(24 * time.Hour)},
 	} {
