@@ -91,8 +91,10 @@ func IncrementalVacuum(ctx context.Context, db *gorm.DB, pages int) (left int64,
 	if err != nil || mode != 2 { // 2: INCREMENTAL
 		return 0, err
 	}
-	// Stepped to the end by the driver: each step frees one page.
-	if err := db.WithContext(ctx).Exec(fmt.Sprintf("PRAGMA incremental_vacuum(%d)", pages)).Error; err != nil {
+	// The statement returns a row per page it frees, one per step: Exec
+	// steps once (it freed 1 page of 50 asked), Scan reads them all.
+	var freed []int
+	if err := db.WithContext(ctx).Raw(fmt.Sprintf("PRAGMA incremental_vacuum(%d)", pages)).Scan(&freed).Error; err != nil {
 		return 0, fmt.Errorf("incremental vacuum: %w", err)
 	}
 	return sqlitePragma(ctx, db, "freelist_count")

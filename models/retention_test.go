@@ -270,6 +270,10 @@ func TestIncrementalVacuum(t *testing.T) {
 	if err != nil || free == 0 {
 		t.Fatalf("free pages after deleting = %d, %v; want some", free, err)
 	}
+	// One call frees as many pages as it asks.
+	if left, err := IncrementalVacuum(ctx, db, 10); err != nil || left != free-10 {
+		t.Fatalf("one step of 10 pages left %d of %d free, %v", left, free, err)
+	}
 	for range 1000 {
 		if free, err = IncrementalVacuum(ctx, db, 10); err != nil {
 			t.Fatal(err)

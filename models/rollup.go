@@ -172,6 +172,9 @@ type Rollup struct {
 	people  map[personKey]sums
 	models  map[personModelKey]sums
 	latency map[latencyKey]int64
+	// hourlyFrom: rows created before it are counted by day only (a
+	// backfill's: PruneRollup would delete their hourly rows anyway).
+	hourlyFrom time.Time
 }
 
 // NewRollup returns an empty Rollup.
@@ -208,6 +211,9 @@ func (r *Rollup) Add(u *Usage) {
 		name string
 		size time.Duration
 	}{{SpanHour, time.Hour}, {SpanDay, Day}} {
+		if span.name == SpanHour && created.Before(r.hourlyFrom) {
+			continue
+		}
 		start := created.Truncate(span.size)
 		tk := totalKey{span.name, start, u.Model, u.Outcome}
 		r.totals[tk] = r.totals[tk].add(u)

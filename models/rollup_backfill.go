@@ -93,6 +93,7 @@ func backfillOnce(ctx context.Context, db *gorm.DB, batch int) (n int64, done bo
 			return fmt.Errorf("read the ledger: %w", err)
 		}
 		r := NewRollup()
+		r.hourlyFrom = time.Now().Add(-KeepHours)
 		for i := range rows {
 			u := &rows[i]
 			if u.FinishedAt == nil || u.FinishedAt.Before(p.Until) {
