@@ -53,9 +53,10 @@ type Conversation struct {
 	// stored before messages had versions.
 	CurrentLeaf string `gorm:"size:40"`
 	// UpdatedAt moves with every new message, so the list shows the
-	// conversations last used first.
+	// conversations last used first; its own index finds those retention
+	// deletes (models.PruneConversations).
 	CreatedAt time.Time
-	UpdatedAt time.Time
+	UpdatedAt time.Time `gorm:"index:idx_conversations_updated"`
 }
 
 // Message is one turn of a conversation.

@@ -80,7 +80,11 @@ func OpenUnmigrated(dbURL string) (*gorm.DB, error) {
 		// and then writes fails at once with "database is locked" when
 		// another connection writes: busy_timeout cannot help a lock
 		// upgrade. Every transaction here writes.
-		dsn += sep + "_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)&_pragma=cache_size(-256)"
+		// auto_vacuum(INCREMENTAL), first: it takes only on a database
+		// with no table yet (a new one); retention then gives the pages
+		// it frees back to the file system (IncrementalVacuum). An older
+		// database keeps its mode until a VACUUM (README, Retention).
+		dsn += sep + "_txlock=immediate&_pragma=auto_vacuum(INCREMENTAL)&_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=wal_autocheckpoint(10000)&_pragma=temp_store(MEMORY)&_pragma=cache_size(-256)"
 		keepAllocatorPages()
 		db, err = gorm.Open(sqlite.Open(dsn), gcfg)
 	case "postgres":
@@ -152,13 +156,13 @@ func Migrate(db *gorm.DB) error {
 		return err
 	}
 	if err := db.AutoMigrate(&User{}, &APIKey{}, &Usage{}, &Replica{}, &Session{}, &LoginState{}, &Conversation{}, &Message{},
-		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}, &Share{}, &Attachment{}, &AuditEvent{}); err != nil {
+		&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}, &Team{}, &TeamMember{}, &Share{}, &Attachment{}, &AuditEvent{}, &Progress{}); err != nil {
 		return fmt.Errorf("migrate schema: %w", err)
 	}
 	if err := dropUsageIndexes(db); err != nil {
 		return err
 	}
-	if err := backfillRollup(db); err != nil {
+	if err := backfillRollup(context.Background(), db, backfillBatch); err != nil {
 		return err
 	}
 	if err := migrateConversationIndexes(db); err != nil {

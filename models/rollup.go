@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"math"
 	"slices"
 	"time"
@@ -173,6 +172,9 @@ type Rollup struct {
 	people  map[personKey]sums
 	models  map[personModelKey]sums
 	latency map[latencyKey]int64
+	// hourlyFrom: rows created before it are counted by day only (a
+	// backfill's: PruneRollup would delete their hourly rows anyway).
+	hourlyFrom time.Time
 }
 
 // NewRollup returns an empty Rollup.
@@ -209,6 +211,9 @@ func (r *Rollup) Add(u *Usage) {
 		name string
 		size time.Duration
 	}{{SpanHour, time.Hour}, {SpanDay, Day}} {
+		if span.name == SpanHour && created.Before(r.hourlyFrom) {
+			continue
+		}
 		start := created.Truncate(span.size)
 		tk := totalKey{span.name, start, u.Model, u.Outcome}
 		r.totals[tk] = r.totals[tk].add(u)
@@ -335,9 +340,10 @@ func PruneRollup(ctx context.Context, db *gorm.DB, before time.Time) error {
 }
 
 // RebuildRollup recomputes the rollup tables from the ledger, in one
-// transaction. Migrate runs it once, when the ledger has final rows and the
-// rollup none (a database from before the rollup existed); an operator may
-// run it to check or repair the rollup (`moonji usage rollup`).
+// transaction: an operator may run it to check or repair the rollup
+// (`moonji usage rollup`). Periods whose ledger rows retention may have
+// deleted (before UsageKeptFrom, rounded up to a whole day) keep their
+// rollups: the ledger no longer holds what they sum.
 func RebuildRollup(ctx context.Context, db *gorm.DB) (rows int64, err error) {
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if tx.Dialector.Name() == "postgres" {
@@ -347,13 +353,20 @@ func RebuildRollup(ctx context.Context, db *gorm.DB) (rows int64, err error) {
 				return fmt.Errorf("lock the rollup: %w", err)
 			}
 		}
+		from, err := UsageKeptFrom(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if day := from.Truncate(Day); day.Before(from) {
+			from = day.Add(Day)
+		}
 		for _, model := range []any{&UsageRollup{}, &UsageByPerson{}, &UsageOfPerson{}, &UsageLatency{}} {
-			if err := tx.Where("1 = 1").Delete(model).Error; err != nil {
+			if err := tx.Where("start >= ?", from).Delete(model).Error; err != nil {
 				return fmt.Errorf("clear the rollup: %w", err)
 			}
 		}
 		r := NewRollup()
-		err := EachUsage(ctx, tx, time.Time{}, func(u *Usage) error {
+		err = EachUsage(ctx, tx, from, func(u *Usage) error {
 			r.Add(u)
 			rows++
 			return nil
@@ -367,22 +380,6 @@ func RebuildRollup(ctx context.Context, db *gorm.DB) (rows int64, err error) {
 		return 0, fmt.Errorf("rebuild the usage rollup: %w", err)
 	}
 	return rows, nil
-}
-
-// backfillRollup builds the rollup of a ledger that has final rows but no
-// rollup yet: the first start after an upgrade.
-func backfillRollup(db *gorm.DB) error {
-	if rolled, err := exists(db.Model(&UsageRollup{})); err != nil || rolled {
-		return err
-	}
-	if final, err := exists(db.Model(&Usage{}).Where("outcome <> ?", OutcomePending)); err != nil || !final {
-		return err
-	}
-	n, err := RebuildRollup(context.Background(), db)
-	if err == nil {
-		slog.Info("usage rollup built from the ledger", "rows", n)
-	}
-	return err
 }
 
 // exists reports whether q finds a row, reading at most one.

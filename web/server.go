@@ -39,6 +39,7 @@ import (
 	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
+	"moonji/internal/retention"
 	"moonji/internal/spending"
 	"moonji/internal/stop"
 	"moonji/models"
@@ -51,9 +52,12 @@ type Server struct {
 	App     *fiber.App
 	Ledger  *ledger.Ledger
 	Metrics *metrics.Metrics
-	Gateway *gateway.Gateway
-	Stops   *stop.Service
-	Redis   *redis.Client
+	// Retention deletes old usage rows and conversations (nil until New
+	// has made the metrics).
+	Retention *retention.Job
+	Gateway   *gateway.Gateway
+	Stops     *stop.Service
+	Redis     *redis.Client
 	// Policies and Budgets decide what each sender may use and spend.
 	Policies *spending.Resolver
 	Budgets  *budget.Store
@@ -276,6 +280,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 				}
 				return 1
 			}))
+	s.startRetention()
 
 	if cfg.RedisURL != "" {
 		opt, err := redis.ParseURL(cfg.RedisURL)
@@ -591,4 +596,24 @@ type spentIn struct{ db *gorm.DB }
 
 func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (int64, error) {
 	return models.SpentSince(ctx, s.db, string(l.Scope), l.ID, since)
+}
+
+// startRetention starts this replica's retention job (internal/retention)
+// when the configuration keeps usage or conversations for a limited time.
+// More tables pruned at the usage age (the audit log) join
+// s.Retention.WithUsage before it starts.
+func (s *Server) startRetention() {
+	cfg := s.Config.Retention
+	s.Retention = &retention.Job{DB: s.DB, Usage: cfg.Usage.Duration(), Conversations: cfg.Conversations.Duration(),
+		Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention")}
+	if !s.Retention.Enabled() {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Retention.Run(ctx)
+	}()
+	s.closers = append(s.closers, func() { cancel(); <-done })
 }

@@ -108,6 +108,8 @@ type Config struct {
 	Limits      Limits      `yaml:"limits"`
 	// Engine configures `moonji engine`; the gateway ignores it.
 	Engine Engine `yaml:"engine"`
+	// Retention: how long usage rows and conversations are kept.
+	Retention Retention `yaml:"retention"`
 }
 
 // Link tunes the connection of an `engine` backend: the queue that holds
@@ -636,6 +638,7 @@ func (c *Config) Validate() error {
 	if c.StreamWriteTimeout < 0 {
 		bad("stream_write_timeout", "must not be negative")
 	}
+	c.Retention.validate(bad)
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "must be at least 1024, got %d", c.MaxBodyBytes)
 	}

@@ -42,6 +42,9 @@ type Metrics struct {
 	StopLatency     prometheus.Histogram
 	// Panics counts requests (and streams) that panicked and failed alone.
 	Panics prometheus.Counter
+	// RetentionDeleted counts rows retention deleted, by table
+	// (internal/retention).
+	RetentionDeleted *prometheus.CounterVec
 
 	// The children of the vectors for every model and backend known at
 	// start, looked up once: WithLabelValues hashes its labels and takes the
@@ -131,9 +134,13 @@ func New(models, backends []string) *Metrics {
 		Panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "moonji_panics_total", Help: "Requests whose handling panicked: each failed alone, the process went on.",
 		}),
+		RetentionDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moonji_retention_deleted_rows_total", Help: "Rows deleted by retention, by table (conversations: conversations, with their messages).",
+		}, []string{"table"}),
 	}
 	reg.MustRegister(m.Requests, m.Rejections, m.TTFT, m.QueueWait, m.Duration, m.PromptTokens,
-		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.BackendUp, m.Retries, m.SharedDegraded, m.Stops, m.StopLatency, m.Panics)
+		m.CompletionToks, m.DecodeSpeed, m.InFlight, m.Queued, m.RateLimitDegrad, m.BackendUp, m.Retries, m.SharedDegraded, m.Stops, m.StopLatency, m.Panics,
+		m.RetentionDeleted)
 	m.models = make(map[string]*Model, len(models))
 	for _, model := range models {
 		m.models[model] = m.newModel(model)
@@ -149,6 +156,9 @@ func New(models, backends []string) *Metrics {
 	}
 	for _, r := range StopResults {
 		m.Stops.WithLabelValues(r)
+	}
+	for _, t := range []string{"usage", "conversations"} {
+		m.RetentionDeleted.WithLabelValues(t)
 	}
 	return m
 }
