@@ -174,6 +174,12 @@ func New(o Options) *Gateway {
 	return g
 }
 
+// Vision tells whether model is sent images (Route.Vision).
+func (g *Gateway) Vision(model string) bool {
+	r := g.tab.Load().routes[model]
+	return r != nil && r.Vision
+}
+
 // Models lists the public model names in configuration order.
 func (g *Gateway) Models() []string { return g.tab.Load().order }
 
