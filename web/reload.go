@@ -301,4 +301,3 @@ func (s *Server) recordVersion(ctx context.Context) {
 func (s *Server) ReplicaVersions(ctx context.Context) ([]models.Replica, error) {
 	return models.LiveReplicas(ctx, s.DB, time.Now().Add(-replicaStale))
 }
-

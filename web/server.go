@@ -75,11 +75,11 @@ type Server struct {
 	links      []*enginelink.Link
 	watchLinks sync.Once
 	reloads    reloadState
-	closers []func()
-	ln      net.Listener
-	started time.Time
-	bg      chan struct{} // closed to stop the replica loop
-	bgDone  chan struct{}
+	closers    []func()
+	ln         net.Listener
+	started    time.Time
+	bg         chan struct{} // closed to stop the replica loop
+	bgDone     chan struct{}
 }
 
 // Heartbeats tell siblings this replica is alive; a replica silent for
