@@ -22,6 +22,11 @@ const (
 // errors, and the live backends. Each part
 // is one query, whatever the number of rows.
 func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
+	return h.adminDashboard(c, http.StatusOK, views.ConfigView{})
+}
+
+// adminDashboard renders /admin with cfg's message (a reload's outcome).
+func (h *Handler) adminDashboard(c *fiber.Ctx, status int, cfg views.ConfigView) error {
 	sess, err := h.session(c)
 	if err != nil {
 		return err
@@ -30,6 +35,7 @@ func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 	rng, w := dashboardWindow(c.Query("range"), range24h, now)
 	ctx := c.UserContext()
 	d := views.AdminDashboard{Page: dashboardPageFor("Dashboard", sess), Backends: h.backendsView(now)}
+	d.Config = h.configView(ctx, cfg)
 
 	points, err := models.UsageOverTime(ctx, h.DB, w, 0)
 	if err != nil {
@@ -89,7 +95,7 @@ func (h *Handler) AdminDashboard(c *fiber.Ctx) error {
 	}
 	d.Rejected = usageEvents(rejected, prefixes)
 	d.Errors = usageEvents(failed, prefixes)
-	return render(c, http.StatusOK, views.Admin(d))
+	return render(c, status, views.Admin(d))
 }
 
 // AdminBackends serves GET /admin/backends: the live backends fragment the

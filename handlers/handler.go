@@ -3,6 +3,7 @@
 package handlers
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -22,7 +23,9 @@ import (
 	"moonji/internal/clientip"
 	"moonji/internal/fairshare"
 	"moonji/internal/gateway"
+	"moonji/internal/reload"
 	"moonji/internal/spending"
+	"moonji/models"
 )
 
 // Handler carries what the handlers share.
@@ -34,6 +37,9 @@ type Handler struct {
 	Log     *slog.Logger
 	// Audit records every change that is not an inference (nil: none).
 	Audit *audit.Log
+	// Reloader reloads the configuration file (the admin page's button)
+	// and tells the version each replica runs; nil: no button.
+	Reloader Reloader
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service
@@ -77,6 +83,13 @@ type Handler struct {
 	// keyCreation makes counting a person's keys and creating one a single
 	// step on this replica, so that parallel forms cannot pass the count together.
 	keyCreation sync.Mutex
+}
+
+// Reloader is the server's configuration reload (web.Server).
+type Reloader interface {
+	Reload(ctx context.Context, by reload.By) (reload.Result, error)
+	ConfigVersion() reload.Version
+	ReplicaVersions(ctx context.Context) ([]models.Replica, error)
 }
 
 // clientIP is the address a request comes from, for limits and logs: the

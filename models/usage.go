@@ -172,6 +172,30 @@ type Replica struct {
 	ID        string `gorm:"primaryKey;size:200"`
 	StartedAt time.Time
 	SeenAt    time.Time `gorm:"index"`
+	// ConfigVersion is the version of the configuration the replica runs
+	// (reload.Version's id), so that the admin page shows a mismatch.
+	ConfigVersion  string `gorm:"size:64"`
+	ConfigLoadedAt *time.Time
+}
+
+// SetReplicaConfig records the configuration version replica id runs; the
+// replica's row exists (Heartbeat made it).
+func SetReplicaConfig(ctx context.Context, db *gorm.DB, id, version string, loaded time.Time) error {
+	err := db.WithContext(ctx).Model(&Replica{}).Where("id = ?", id).
+		Updates(map[string]any{"config_version": version, "config_loaded_at": loaded.UTC()}).Error
+	if err != nil {
+		return fmt.Errorf("record replica %s's configuration version: %w", id, err)
+	}
+	return nil
+}
+
+// LiveReplicas lists the replicas seen since since, by id.
+func LiveReplicas(ctx context.Context, db *gorm.DB, since time.Time) ([]Replica, error) {
+	var out []Replica
+	if err := db.WithContext(ctx).Where("seen_at >= ?", since.UTC()).Order("id").Limit(1000).Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("list live replicas: %w", err)
+	}
+	return out, nil
 }
 
 // Heartbeat records that replica id is alive.

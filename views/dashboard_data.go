@@ -90,6 +90,7 @@ type AdminDashboard struct {
 	Rejected  []UsageEvent
 	Errors    []UsageEvent
 	Backends  BackendsView
+	Config    ConfigView
 }
 
 // Latency is one model's time to first token and queue wait.
@@ -414,4 +415,26 @@ func capitalize(s string) string {
 		return s
 	}
 	return string(s[0]-'a'+'A') + s[1:]
+}
+
+// ConfigView is the admin dashboard's configuration section: the version
+// this replica runs, every live replica's, and the reload button's outcome.
+type ConfigView struct {
+	// Enabled: the server can reload (the button is shown).
+	Enabled  bool
+	Version  string
+	LoadedAt time.Time
+	Replicas []ReplicaConfig
+	// Mismatch: some live replica runs another version.
+	Mismatch bool
+	// Notice or Error says what the button just did.
+	Notice, Error string
+}
+
+// ReplicaConfig is one live replica's configuration version.
+type ReplicaConfig struct {
+	ID       string
+	Version  string
+	LoadedAt time.Time
+	Mismatch bool
 }

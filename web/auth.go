@@ -126,6 +126,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	adminPages := app.Group("/admin", page, h.RequireAdmin)
 	adminPages.Get("", h.AdminDashboard)
 	adminPages.Get("/backends", h.AdminBackends)
+	adminPages.Post("/reload", h.AdminReload)
 	adminPages.Get("/keys", h.AdminKeys)
 	adminPages.Post("/keys/:id/revoke", h.AdminRevokeKey)
 	adminPages.Get("/people", h.AdminPeople)

@@ -16,6 +16,7 @@ import (
 	"moonji/internal/gateway"
 	"moonji/internal/health"
 	"moonji/internal/lease"
+	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 )
 
@@ -24,78 +25,130 @@ import (
 func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend, error) {
 	out := map[string]*gateway.Backend{}
 	s.Health = map[string]*health.Checker{}
-	// Probes have a client of their own: a probe must not wait behind, or
-	// hold, the connections that carry requests.
-	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
+	s.engines = map[string]*engine{}
 	for _, b := range cfg.Backends {
-		gb := &gateway.Backend{Name: b.Name, Kind: b.Kind,
-			Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
-		probes := probeClient
-		if b.CAFile != "" {
-			// A private CA signed the engine's certificate: its requests
-			// and its probes trust that CA alone.
-			roots, err := proxy.LoadCAFile(b.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("backend %s: %w", b.Name, err)
-			}
-			gb.Upstream.RootCAs = roots
-			probes = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute,
-				TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		e, err := s.newEngine(cfg, b)
+		if err != nil {
+			return nil, err
 		}
-		var probe func(context.Context) error
-		switch b.Kind {
-		case config.KindBuiltin:
-			url, err := s.startBuiltin(cfg, b)
-			if err != nil {
-				return nil, err
-			}
-			gb.Upstream.BaseURL = url
-		case config.KindEngine:
-			// One link per engine backend per replica; it dials in the
-			// background, so a replica starts whether the engine is up or not.
-			link := enginelink.New(enginelink.Options{Name: b.Name, URL: b.URL, Token: b.APIKey,
-				QueueSize: b.Link.QueueSize, MessageTTL: b.Link.MessageTTL, PingInterval: b.Link.PingInterval,
-				Log: s.log.With("component", "enginelink")})
-			link.Start()
-			s.closers = append(s.closers, link.Close)
-			s.links = append(s.links, link)
-			gb.Link = link
-			// The link's own heartbeat knows whether the engine is there.
-			probe = func(context.Context) error {
-				if link.Stats().Connected != 1 {
-					return errors.New("engine not connected")
-				}
-				return nil
-			}
-		default:
-			probe = health.HTTPProbe(probes, b.URL, b.APIKey)
-		}
-		name := b.Name
-		s.Metrics.BackendUp.WithLabelValues(name).Set(1)
-		checker := health.New(name, health.Options{
-			Backoff: cfg.Health.Backoff, MaxBackoff: cfg.Health.MaxBackoff, ProbeTimeout: cfg.Health.ProbeTimeout,
-			Probe: probe, Log: s.log.With("component", "health"),
-			OnChange: func(up bool) {
-				v := 0.0
-				if up {
-					v = 1
-					// Its free slots go to the requests waiting for them.
-					if s.Scheduler != nil {
-						s.Scheduler.Wake()
-					}
-				}
-				s.Metrics.BackendUp.WithLabelValues(name).Set(v)
-			},
-		})
-		s.closers = append(s.closers, checker.Close)
-		s.Health[name] = checker
-		gb.Health = checker
-		out[b.Name] = gb
+		s.closers = append(s.closers, e.close)
+		s.addEngineLocked(b.Name, e)
+		out[b.Name] = e.gb
 	}
 	if len(s.links) > 0 {
-		s.Metrics.WatchEngineLinks(s.engineLinkStats)
+		s.watchLinks.Do(func() { s.Metrics.WatchEngineLinks(s.engineLinkStats) })
 	}
 	return out, nil
+}
+
+// engine is one configured backend's running parts: the gateway's view of
+// it and what must be closed when it goes (its health check, an engine
+// backend's link, a builtin backend's in-process engine).
+type engine struct {
+	cfg     config.Backend
+	served  []string // the models a builtin engine answers to
+	gb      *gateway.Backend
+	checker *health.Checker
+	link    *enginelink.Link
+	closers []func()
+}
+
+// close stops the engine's parts; it may run more than once.
+func (e *engine) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
+
+// addEngineLocked makes e the running engine of name (s.stateMu held, or
+// the server not serving yet).
+func (s *Server) addEngineLocked(name string, e *engine) {
+	s.engines[name] = e
+	s.Health[name] = e.checker
+	if e.link != nil {
+		s.links = append(s.links, e.link)
+	}
+}
+
+// probeClient is the health probes' client: a probe must not wait behind,
+// or hold, the connections that carry requests.
+var probeClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute}}
+
+// newEngine creates backend b's parts: its health check, and its link or
+// in-process engine, started.
+func (s *Server) newEngine(cfg *config.Config, b config.Backend) (*engine, error) {
+	e := &engine{cfg: b, served: cfg.ServedBy(b.Name)}
+	gb := &gateway.Backend{Name: b.Name, Kind: b.Kind,
+		Upstream: proxy.Upstream{Name: b.Name, BaseURL: b.URL, APIKey: b.APIKey}}
+	probes := probeClient
+	if b.CAFile != "" {
+		// A private CA signed the engine's certificate: its requests
+		// and its probes trust that CA alone.
+		roots, err := proxy.LoadCAFile(b.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", b.Name, err)
+		}
+		gb.Upstream.RootCAs = roots
+		probes = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute,
+			TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	}
+	var probe func(context.Context) error
+	switch b.Kind {
+	case config.KindBuiltin:
+		srv, url, err := mockllm.ServeDemo(e.served, b.TokensPerSecond, s.log.With("backend", b.Name))
+		if err != nil {
+			return nil, fmt.Errorf("start builtin backend %s: %w", b.Name, err)
+		}
+		// Shutdown waits for the requests it serves: a stream that started
+		// on it before a reload removed it finishes.
+		e.closers = append(e.closers, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = srv.Shutdown(ctx)
+			cancel()
+		})
+		gb.Upstream.BaseURL = url
+	case config.KindEngine:
+		// One link per engine backend per replica; it dials in the
+		// background, so a replica starts whether the engine is up or not.
+		link := enginelink.New(enginelink.Options{Name: b.Name, URL: b.URL, Token: b.APIKey,
+			QueueSize: b.Link.QueueSize, MessageTTL: b.Link.MessageTTL, PingInterval: b.Link.PingInterval,
+			Log: s.log.With("component", "enginelink")})
+		link.Start()
+		e.closers = append(e.closers, link.Close)
+		e.link = link
+		gb.Link = link
+		// The link's own heartbeat knows whether the engine is there.
+		probe = func(context.Context) error {
+			if link.Stats().Connected != 1 {
+				return errors.New("engine not connected")
+			}
+			return nil
+		}
+	default:
+		probe = health.HTTPProbe(probes, b.URL, b.APIKey)
+	}
+	name := b.Name
+	s.Metrics.BackendUp.WithLabelValues(name).Set(1)
+	checker := health.New(name, health.Options{
+		Backoff: cfg.Health.Backoff, MaxBackoff: cfg.Health.MaxBackoff, ProbeTimeout: cfg.Health.ProbeTimeout,
+		Probe: probe, Log: s.log.With("component", "health"),
+		OnChange: func(up bool) {
+			v := 0.0
+			if up {
+				v = 1
+				// Its free slots go to the requests waiting for them.
+				if s.Scheduler != nil {
+					s.Scheduler.Wake()
+				}
+			}
+			s.Metrics.BackendUp.WithLabelValues(name).Set(v)
+		},
+	})
+	e.closers = append(e.closers, checker.Close)
+	e.checker = checker
+	gb.Health = checker
+	e.gb = gb
+	return e, nil
 }
 
 // startAdmission builds the scheduler — one pool per set of backends that
@@ -103,33 +156,7 @@ func (s *Server) startBackends(cfg *config.Config) (map[string]*gateway.Backend,
 // — and, with Redis, the leases that make each max_concurrency hold across
 // replicas. It returns the routes.
 func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway.Backend) ([]*gateway.Route, error) {
-	var c admission.Config
-	for _, b := range cfg.Backends {
-		checker := s.Health[b.Name]
-		c.Backends = append(c.Backends, admission.BackendSpec{Name: b.Name, MaxConcurrency: b.MaxConcurrency,
-			Weight: b.Weight, Up: checker.Up})
-	}
-	byName := map[string]config.Backend{}
-	for _, b := range cfg.Backends {
-		byName[b.Name] = b
-	}
-	pools := map[string]bool{}
-	for _, m := range cfg.Models {
-		names := m.BackendNames()
-		pool := admission.PoolName(names)
-		if pools[pool] {
-			continue
-		}
-		pools[pool] = true
-		// The queue of several backends holds what theirs would together
-		// and waits as long as the most patient of them.
-		ps := admission.PoolSpec{Name: pool, Backends: names}
-		for _, n := range names {
-			ps.MaxQueue += byName[n].MaxQueue
-			ps.QueueTimeout = max(ps.QueueTimeout, byName[n].QueueTimeout)
-		}
-		c.Pools = append(c.Pools, ps)
-	}
+	c := admissionSpecs(cfg, s.Health)
 	c.OnChange = func(backend string, inFlight, queued int) {
 		b := s.Metrics.Backend(backend)
 		b.InFlight.Set(float64(inFlight))
@@ -180,7 +207,47 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 	}
 	sched.Start()
 	s.closers = append(s.closers, sched.Close)
+	return routesFor(cfg, backends, sched), nil
+}
 
+// admissionSpecs are cfg's backends and pools for the scheduler: one pool
+// per set of backends that serve a model.
+func admissionSpecs(cfg *config.Config, checkers map[string]*health.Checker) admission.Config {
+	var c admission.Config
+	for _, b := range cfg.Backends {
+		c.Backends = append(c.Backends, admission.BackendSpec{Name: b.Name, MaxConcurrency: b.MaxConcurrency,
+			Weight: b.Weight, Up: checkers[b.Name].Up})
+	}
+	byName := map[string]config.Backend{}
+	for _, b := range cfg.Backends {
+		byName[b.Name] = b
+	}
+	pools := map[string]bool{}
+	for _, m := range cfg.Models {
+		names := m.BackendNames()
+		pool := admission.PoolName(names)
+		if pools[pool] {
+			continue
+		}
+		pools[pool] = true
+		// The queue of several backends holds what theirs would together
+		// and waits as long as the most patient of them.
+		ps := admission.PoolSpec{Name: pool, Backends: names}
+		for _, n := range names {
+			ps.MaxQueue += byName[n].MaxQueue
+			ps.QueueTimeout = max(ps.QueueTimeout, byName[n].QueueTimeout)
+		}
+		c.Pools = append(c.Pools, ps)
+	}
+	return c
+}
+
+// routesFor maps cfg's models to their backends and the scheduler's pools.
+func routesFor(cfg *config.Config, backends map[string]*gateway.Backend, sched *admission.Scheduler) []*gateway.Route {
+	byName := map[string]config.Backend{}
+	for _, b := range cfg.Backends {
+		byName[b.Name] = b
+	}
 	var routes []*gateway.Route
 	for _, m := range cfg.Models {
 		r := &gateway.Route{Model: m.Name, UpstreamModel: m.UpstreamModel, Pool: sched.Pool(admission.PoolName(m.BackendNames())),
@@ -208,7 +275,7 @@ func (s *Server) startAdmission(cfg *config.Config, backends map[string]*gateway
 		}
 		routes = append(routes, r)
 	}
-	return routes, nil
+	return routes
 }
 
 // sharedLimit is the lease store as the scheduler's Shared limit; Ping

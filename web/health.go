@@ -41,7 +41,10 @@ func (s *Server) ready(c *fiber.Ctx) error {
 	// balancer at once, and the backend's models still answer (from its
 	// siblings, or with a clear error).
 	backends := fiber.Map{}
-	for name, c := range s.Health {
+	s.stateMu.Lock()
+	checkers := s.Health // replaced whole by a reload, never changed
+	s.stateMu.Unlock()
+	for name, c := range checkers {
 		st := c.State()
 		b := fiber.Map{"up": st.Up}
 		if !st.Up {
@@ -63,5 +66,7 @@ func (s *Server) ready(c *fiber.Ctx) error {
 	if !ok {
 		status = fiber.StatusServiceUnavailable
 	}
-	return c.Status(status).JSON(fiber.Map{"ready": ok, "checks": checks, "backends": backends})
+	v := s.ConfigVersion()
+	return c.Status(status).JSON(fiber.Map{"ready": ok, "checks": checks, "backends": backends,
+		"config_version": v.ID, "config_loaded_at": v.LoadedAt.Format(time.RFC3339)})
 }

@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -36,7 +36,6 @@ import (
 	"moonji/internal/ledger"
 	"moonji/internal/markdown"
 	"moonji/internal/metrics"
-	"moonji/internal/mockllm"
 	"moonji/internal/proxy"
 	"moonji/internal/ratelimit"
 	"moonji/internal/retention"
@@ -69,16 +68,22 @@ type Server struct {
 	// Health is each backend's passive health, by name.
 	Health map[string]*health.Checker
 
-	log      *slog.Logger
-	keys     *apikey.Store
-	builtins []*http.Server
-	// links are the connections of engine backends.
-	links   []*enginelink.Link
-	closers []func()
-	ln      net.Listener
-	started time.Time
-	bg      chan struct{} // closed to stop the replica loop
-	bgDone  chan struct{}
+	log  *slog.Logger
+	keys *apikey.Store
+	// stateMu guards what a reload changes and others read: Health,
+	// engines, links, live.
+	stateMu sync.Mutex
+	// engines are the running backends by name; links the connections of
+	// engine backends (for the metrics).
+	engines    map[string]*engine
+	links      []*enginelink.Link
+	watchLinks sync.Once
+	reloads    reloadState
+	closers    []func()
+	ln         net.Listener
+	started    time.Time
+	bg         chan struct{} // closed to stop the replica loop
+	bgDone     chan struct{}
 }
 
 // Heartbeats tell siblings this replica is alive; a replica silent for
@@ -178,6 +183,8 @@ func (s *Server) replicaLoop() {
 		if err := models.Heartbeat(ctx, s.DB, s.Config.ReplicaID, s.started); err != nil {
 			s.log.Warn("replica heartbeat", "err", err)
 			unreachableAt = time.Now()
+		} else {
+			s.recordVersion(ctx) // when the database was away at start or at a reload
 		}
 		if i%3 == 0 && time.Since(unreachableAt) > replicaStale {
 			s.closeOrphans(ctx, "") // this replica is alive: its rows stay
@@ -323,6 +330,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	if err != nil {
 		return nil, err
 	}
+	auditLog := audit.New(db, log)
 	var backendList []*gateway.Backend
 	for _, b := range cfg.Backends {
 		backendList = append(backendList, backends[b.Name])
@@ -333,6 +341,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(), Log: log,
 		Policies: s.Policies, Budgets: s.Budgets, Currency: cfg.Currency,
 	})
+	s.initReloads(routes, auditLog)
 
 	s.App = fiber.New(fiber.Config{
 		AppName:               "moonji",
@@ -361,11 +370,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	})
 	markUnread(s.App.Server())
 	lim := cfg.Limits
-	vision := map[string]bool{}
-	for _, m := range cfg.Models {
-		vision[m.Name] = m.Vision
-	}
-	attachments := attachment.New(attachment.Options{DB: db, Vision: vision, Limiter: limiter, Log: log.With("component", "attachments"),
+	// Which models see images follows reloads (gateway.Vision).
+	attachments := attachment.New(attachment.Options{DB: db, VisionOf: s.Gateway.Vision, Limiter: limiter, Log: log.With("component", "attachments"),
 		Limits: attachment.Limits{MaxBytes: cfg.Attachments.MaxBytes, MaxPerMessage: cfg.Attachments.MaxPerMessage}})
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	go attachments.Run(sweepCtx)
@@ -389,7 +395,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	wctx, stopWithdrawals := context.WithCancel(context.Background())
 	go withdrawals.Run(wctx)
 	s.closers = append(s.closers, stopWithdrawals)
-	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Audit: audit.New(db, log), Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
+	h := &handlers.Handler{DB: db, Gateway: s.Gateway, APIKeys: s.keys, Log: log, Audit: auditLog, Reloader: s, Chat: s.Chat, Attachments: attachments, Currency: s.Config.Currency,
 		Policies: s.Policies, Budgets: s.Budgets,
 		Stopper: &gateway.Stopper{DB: db, Stops: s.Stops, Metrics: s.Metrics, Running: s.Ledger.Running,
 			RowWait: pendingAfter + time.Second}, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(),
@@ -443,8 +449,11 @@ func (s *Server) startStops(ctx context.Context) error {
 
 // engineLinkStats is the engine backends' links for the metrics.
 func (s *Server) engineLinkStats() []metrics.EngineLink {
-	out := make([]metrics.EngineLink, len(s.links))
-	for i, l := range s.links {
+	s.stateMu.Lock()
+	links := s.links
+	s.stateMu.Unlock()
+	out := make([]metrics.EngineLink, len(links))
+	for i, l := range links {
 		st := l.Stats()
 		out[i] = metrics.EngineLink{Backend: l.Name(), Connected: st.Connected == 1, SessionsOpen: st.SessionsOpen,
 			Queued: st.Queued, Reconnects: st.Reconnects, Dropped: map[string]int64{
@@ -453,17 +462,6 @@ func (s *Server) engineLinkStats() []metrics.EngineLink {
 			}}
 	}
 	return out
-}
-
-// startBuiltin serves the demo engine on a loopback port of its own, so the
-// gateway reaches it through exactly the path a real engine takes.
-func (s *Server) startBuiltin(cfg *config.Config, b config.Backend) (string, error) {
-	srv, url, err := mockllm.ServeDemo(cfg.ServedBy(b.Name), b.TokensPerSecond, s.log.With("backend", b.Name))
-	if err != nil {
-		return "", fmt.Errorf("start builtin backend %s: %w", b.Name, err)
-	}
-	s.builtins = append(s.builtins, srv)
-	return url, nil
 }
 
 // Listen opens the configured address (or addr, when not empty).
@@ -499,11 +497,6 @@ func (s *Server) Shutdown(timeout time.Duration) {
 		// Before the builtin engines go: a reply they serve is stopped and
 		// saved, not cut off as an error.
 		s.Chat.Close()
-	}
-	for _, b := range s.builtins {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = b.Shutdown(ctx)
-		cancel()
 	}
 	s.closeAll()
 }

@@ -160,9 +160,19 @@ type backend struct {
 	unleased int
 	adopted  []lease.Lease
 	pools    []*Pool
+	// retired: a reload removed it (Update); it serves what it holds.
+	retired bool
 }
 
 func (b *backend) isUp() bool { return b.up == nil || b.up() }
+
+// validWeight is w, or 1 when w is not a positive number.
+func validWeight(w float64) float64 {
+	if w <= 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+		return 1
+	}
+	return w
+}
 
 // Pool is one queue of a Scheduler and the backends its requests may use.
 type Pool struct {
@@ -182,6 +192,8 @@ type Pool struct {
 	// registered tells that the shared store may hold a wait entry of this
 	// pool, to be cleared when its queue empties.
 	registered bool
+	// retired: a reload removed it (Update); its waiters stay until served.
+	retired bool
 }
 
 // waiter is one queued request. ready is closed, under the lock, when a
@@ -210,10 +222,7 @@ func New(c Config) (*Scheduler, error) {
 		if _, dup := s.byName[bs.Name]; dup {
 			return nil, fmt.Errorf("admission: duplicate backend %q", bs.Name)
 		}
-		b := &backend{name: bs.Name, max: max(bs.MaxConcurrency, 1), weight: bs.Weight, up: bs.Up}
-		if b.weight <= 0 || math.IsNaN(b.weight) || math.IsInf(b.weight, 0) {
-			b.weight = 1
-		}
+		b := &backend{name: bs.Name, max: max(bs.MaxConcurrency, 1), weight: validWeight(bs.Weight), up: bs.Up}
 		s.backends = append(s.backends, b)
 		s.byName[b.name] = b
 	}
@@ -387,6 +396,8 @@ func (p *Pool) Acquire(ctx context.Context, o AcquireOptions) (*Slot, error) {
 	}
 	w := &waiter{ready: make(chan struct{}), since: arrival, exclude: exclude}
 	p.insertLocked(w)
+	// Read under the lock: a reload may change it (Update).
+	queueTimeout := p.timeout
 	for _, b := range p.backends {
 		s.changedLocked(b)
 	}
@@ -410,8 +421,8 @@ func (p *Pool) Acquire(ctx context.Context, o AcquireOptions) (*Slot, error) {
 		o.Queued()
 	}
 	var timeout <-chan time.Time
-	if p.timeout > 0 {
-		t := time.NewTimer(p.timeout)
+	if queueTimeout > 0 {
+		t := time.NewTimer(queueTimeout)
 		defer t.Stop()
 		timeout = t.C
 	}
@@ -459,6 +470,8 @@ func (w *waiter) slot(p *Pool, queuedAt time.Time) *Slot {
 // CanRetry reports whether a request that failed on the named backend has
 // another backend of the pool to go to: one that is up.
 func (p *Pool) CanRetry(failed string) bool {
+	p.s.mu.Lock() // a reload may change b.up (Update)
+	defer p.s.mu.Unlock()
 	for _, b := range p.backends {
 		if b.name != failed && b.isUp() {
 			return true
@@ -746,7 +759,9 @@ func (s *Scheduler) Snapshot(backend string) Snapshot {
 	var oldest time.Time
 	for _, p := range b.pools {
 		snap.Queued += p.queued
-		snap.MaxQueue += p.maxQueue
+		if !p.retired { // its waiters count; its queue takes nobody new
+			snap.MaxQueue += p.maxQueue
+		}
 		if p.head != nil && (oldest.IsZero() || p.head.since.Before(oldest)) {
 			oldest = p.head.since
 		}

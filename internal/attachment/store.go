@@ -38,6 +38,9 @@ type Options struct {
 	// Vision names the models that are sent images (configuration:
 	// vision: true on a model).
 	Vision map[string]bool
+	// VisionOf, when set, tells instead of Vision: for models that a
+	// configuration reload may change.
+	VisionOf func(model string) bool
 	// Limiter counts uploads per minute (nil: not counted).
 	Limiter *ratelimit.Limiter
 	Log     *slog.Logger
@@ -61,7 +64,12 @@ func New(o Options) *Service {
 func (s *Service) Limits() Limits { return s.o.Limits }
 
 // Vision reports whether model is sent images.
-func (s *Service) Vision(model string) bool { return s.o.Vision[model] }
+func (s *Service) Vision(model string) bool {
+	if s.o.VisionOf != nil {
+		return s.o.VisionOf(model)
+	}
+	return s.o.Vision[model]
+}
 
 // LimitError is an upload refused for the person's rate: 429 with
 // RetryAfter.

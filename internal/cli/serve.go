@@ -8,10 +8,13 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"moonji/internal/config"
 	"moonji/internal/mockllm"
+	"moonji/internal/reload"
 	"moonji/web"
 )
 
@@ -22,7 +25,16 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	} else if len(pos) > 0 {
 		return fmt.Errorf("%w: serve takes no arguments", ErrUsage)
 	}
-	cfg, err := loadConfig(*path)
+	var raw []byte
+	var err error
+	if *path != "" {
+		// Read once: the version of the configuration is that of exactly
+		// these bytes.
+		if raw, err = os.ReadFile(*path); err != nil {
+			return fmt.Errorf("read config: %w", err)
+		}
+	}
+	cfg, err := config.Parse(raw, *path)
 	if err != nil {
 		return err
 	}
@@ -42,6 +54,9 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *path != "" {
+		srv.UseConfigFile(*path, raw)
+	}
 	ln, err := srv.Listen("")
 	if err != nil {
 		srv.Shutdown(time.Second)
@@ -54,10 +69,22 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("moonji is listening", "url", cfg.PublicURL, "addr", ln.Addr().String(), "models", models)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-		log.Info("shutting down")
+	// SIGHUP reloads the configuration file (web.Server.Reload): a bad
+	// file changes nothing, and the log says why.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case err = <-errc:
+		case <-ctx.Done():
+			log.Info("shutting down")
+		case <-hup:
+			log.Info("SIGHUP: reloading the configuration", "path", *path)
+			_, _ = srv.Reload(ctx, reload.By{Actor: "system"}) // logged, counted and audited there
+			continue
+		}
+		break
 	}
 	srv.Shutdown(15 * time.Second)
 	return err

@@ -407,23 +407,33 @@ func Default() *Config {
 // Load reads the file at path (empty: no file, the embedded default), applies
 // the environment overrides and validates the result.
 func Load(path string) (*Config, error) {
+	if path == "" {
+		return Parse(nil, "")
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(raw, path)
+}
+
+// Parse is Load of a file's bytes already read (a reload reads them once,
+// to know the version of exactly what it applies); name names the file in
+// errors (empty: the embedded default).
+func Parse(raw []byte, name string) (*Config, error) {
 	c := &Config{}
-	if path != "" {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
-		}
+	if name != "" {
 		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
 		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("config %s: %w", path, err)
+			return nil, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
 	c.applyEnv()
 	c.applyDefaults()
 	if err := c.Validate(); err != nil {
-		if path != "" {
-			return nil, fmt.Errorf("config %s: %w", path, err)
+		if name != "" {
+			return nil, fmt.Errorf("config %s: %w", name, err)
 		}
 		return nil, fmt.Errorf("config: %w", err)
 	}

@@ -64,6 +64,8 @@ type exchange struct {
 	stopRun  *stop.Run
 	firstTok time.Time
 	finished bool
+	// routeLet is set once the request gave back its count on route.
+	routeLet bool
 	// recorded is set once the final row is queued: a request that
 	// panicked after it keeps that row (recovered).
 	recorded bool

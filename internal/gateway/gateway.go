@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"moonji/internal/admission"
@@ -54,13 +55,14 @@ func (p Principal) RateKey() string {
 
 // Gateway serves inference requests.
 type Gateway struct {
-	routes  map[string]*Route
-	order   []string
+	// tab is the routing table: swapped whole by Reconfigure (a
+	// configuration reload), read without a lock. A request keeps the
+	// route it looked up to its end.
+	tab     atomic.Pointer[table]
 	client  *proxy.Client
 	ledger  *ledger.Ledger
 	metrics *metrics.Metrics
 	limiter *ratelimit.Limiter
-	limit   ratelimit.Limit
 	stops   *stop.Service
 	replica string
 	stall   time.Duration
@@ -80,10 +82,53 @@ type Gateway struct {
 	// people holds the requests running or queued here by person, so
 	// that a person whose access is withdrawn loses them (EndPerson).
 	people *fairshare.Holds
+}
 
-	// backends are the backends in configuration order, with the models
-	// each serves; fixed at New, so Backends reads them without a lock.
+// table is what a configuration decides: the routes by model, the models in
+// order, the backends in order with the models each serves, and the default
+// rate limit. Never changed once made.
+type table struct {
+	routes   map[string]*Route
+	order    []string
 	backends []backendInfo
+	limit    ratelimit.Limit
+}
+
+func newTable(routes []*Route, backends []*Backend, limit ratelimit.Limit) *table {
+	t := &table{routes: map[string]*Route{}, limit: limit}
+	for _, r := range routes {
+		t.routes[r.Model] = r
+		t.order = append(t.order, r.Model)
+	}
+	t.backends = backendInfos(backends, routes)
+	return t
+}
+
+// Reconfigure swaps the routes, backends and default rate limit for those of
+// a reloaded configuration. Requests that already looked up their route
+// (running, or queued for a slot) finish on it; new ones use the new table.
+// The routes' pools must be the scheduler's (admission.Scheduler.Update).
+func (g *Gateway) Reconfigure(routes []*Route, backends []*Backend, limit ratelimit.Limit) {
+	g.tab.Store(newTable(routes, backends, limit))
+}
+
+// route looks up model's route and counts a request on it (Route.InUse),
+// or returns nil. The count is taken, then the table read again: a route
+// counted after a reload replaced its table is given back and the new one
+// taken, so that once an old route reads 0 no request can start on it.
+func (g *Gateway) route(model string) *Route {
+	for {
+		t := g.tab.Load()
+		r := t.routes[model]
+		if r == nil {
+			return nil
+		}
+		r.users.Add(1)
+		if g.tab.Load() == t {
+			return r
+		}
+		r.users.Add(-1)
+	}
 }
 
 // Options wire a Gateway.
@@ -119,38 +164,41 @@ type Options struct {
 
 // New returns a Gateway.
 func New(o Options) *Gateway {
-	g := &Gateway{routes: map[string]*Route{}, client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
-		limiter: o.Limiter, limit: o.Limit, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, keepalive: o.Keepalive, log: o.Log,
+	g := &Gateway{client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
+		limiter: o.Limiter, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, keepalive: o.Keepalive, log: o.Log,
 		sched: o.Scheduler, people: fairshare.New(0), policies: o.Policies, budgets: o.Budgets, currency: o.Currency}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
-	for _, r := range o.Routes {
-		g.routes[r.Model] = r
-		g.order = append(g.order, r.Model)
-	}
-	g.backends = backendInfos(o.Backends, o.Routes)
+	g.tab.Store(newTable(o.Routes, o.Backends, o.Limit))
 	return g
 }
 
+// Vision tells whether model is sent images (Route.Vision).
+func (g *Gateway) Vision(model string) bool {
+	r := g.tab.Load().routes[model]
+	return r != nil && r.Vision
+}
+
 // Models lists the public model names in configuration order.
-func (g *Gateway) Models() []string { return g.order }
+func (g *Gateway) Models() []string { return g.tab.Load().order }
 
 // ModelsFor lists the models p may use, in configuration order: a model
 // outside their key's or teams' lists does not exist for them.
 func (g *Gateway) ModelsFor(ctx context.Context, p Principal) ([]string, error) {
+	order := g.tab.Load().order
 	if g.policies == nil || p.UserID == 0 {
-		return g.order, nil
+		return order, nil
 	}
 	pol, err := g.policies.For(ctx, p.UserID, p.KeyID)
 	if err != nil {
 		return nil, err
 	}
 	if !pol.Restricted() {
-		return g.order, nil
+		return order, nil
 	}
 	var out []string
-	for _, m := range g.order {
+	for _, m := range order {
 		if pol.Allows(m) {
 			out = append(out, m)
 		}

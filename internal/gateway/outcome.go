@@ -65,7 +65,7 @@ func (g *Gateway) row(call Call, model, backend string) models.Usage {
 }
 
 func (g *Gateway) count(model, outcome string) {
-	if _, ok := g.routes[model]; !ok {
+	if _, ok := g.tab.Load().routes[model]; !ok {
 		model = "unknown"
 	}
 	g.metrics.Model(model).Requests(outcome).Inc()
@@ -494,6 +494,10 @@ func (x *exchange) release() {
 	x.watch.Stop()
 	if x.slot != nil {
 		x.slot.Release()
+	}
+	if !x.routeLet {
+		x.routeLet = true
+		x.route.users.Add(-1)
 	}
 	if x.untrack != nil {
 		x.untrack()

@@ -78,7 +78,7 @@ func (g *Gateway) StoredResponse(ctx context.Context, db *gorm.DB, p Principal, 
 	if err != nil || (!p.Admin && (row.UserID == nil || *row.UserID != p.UserID)) {
 		return notFound.response(http.StatusNotFound, nil)
 	}
-	route, ok := g.routes[row.Model]
+	route, ok := g.tab.Load().routes[row.Model]
 	b := (*Backend)(nil)
 	if ok {
 		b = route.backend(row.Backend)

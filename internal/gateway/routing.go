@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"moonji/internal/admission"
@@ -63,7 +64,15 @@ type Route struct {
 	// Vision tells that the model is sent images; a request with an
 	// image part to another is refused (proxy.ImagePart).
 	Vision bool
+
+	// users counts the requests that looked this route up and have not
+	// ended (Gateway.route): after a reload, what only the old routes used
+	// (an engine's link, a builtin engine) is closed once they read 0.
+	users atomic.Int64
 }
+
+// InUse is how many requests hold the route: running, or queued for a slot.
+func (r *Route) InUse() int64 { return r.users.Load() }
 
 // cost is what row's tokens cost at the route's price; a rejected request
 // costs nothing, whatever it holds.
@@ -151,8 +160,9 @@ type BackendState struct {
 // Backends returns every backend's live state in configuration order: one
 // slice, and one short hold of each gate's lock.
 func (g *Gateway) Backends() []BackendState {
-	out := make([]BackendState, len(g.backends))
-	for i, bi := range g.backends {
+	backends := g.tab.Load().backends
+	out := make([]BackendState, len(backends))
+	for i, bi := range backends {
 		out[i] = BackendState{Name: bi.b.Name, Kind: bi.b.Kind, Models: bi.models, Up: bi.b.Health == nil || bi.b.Health.Up()}
 		if g.sched != nil {
 			out[i].Snapshot = g.sched.Snapshot(bi.b.Name)

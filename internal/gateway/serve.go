@@ -43,8 +43,17 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	if refused != nil {
 		return refused
 	}
-	route, ok := g.routes[req.Model]
-	if !ok || !policy.Allows(req.Model) {
+	route := g.route(req.Model)
+	if route != nil {
+		// The exchange gives the count back when it ends; a request that
+		// ends before it has one gives it back here.
+		defer func() {
+			if x == nil {
+				route.users.Add(-1)
+			}
+		}()
+	}
+	if route == nil || !policy.Allows(req.Model) {
 		return g.reject(call, req.Model, http.StatusNotFound, "model_not_found", apiError{
 			message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model),
 			typ:     "invalid_request_error", code: "model_not_found", param: "model"}, nil)
@@ -122,7 +131,7 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 // admitRate applies the per-key (or per-user) limits and fills the
 // x-ratelimit-* headers. It returns a response when the request is refused.
 func (g *Gateway) admitRate(call Call, req proxy.Request, hdr http.Header, tokens **ratelimit.Reservation) *Response {
-	lim := g.limit
+	lim := g.tab.Load().limit
 	if call.Principal.RPM > 0 {
 		lim.RequestsPerMinute = call.Principal.RPM
 	}
