@@ -34,6 +34,9 @@ type Handler struct {
 	Log     *slog.Logger
 	// Audit records every change that is not an inference (nil: none).
 	Audit *audit.Log
+	// AuditSignInFailures bounds the failed sign-ins recorded per address
+	// (recordFailedSignIn); nil: no bound.
+	AuditSignInFailures *auth.RequestLimiter
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service
