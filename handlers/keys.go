@@ -231,4 +231,3 @@ func readKeyForm(c *fiber.Ctx, maxRPM int) (form views.KeyForm, problem string) 
 	}
 	return form, ""
 }
-

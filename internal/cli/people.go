@@ -14,8 +14,8 @@ import (
 
 	"gorm.io/gorm"
 
-	"moonji/internal/devidp"
 	"moonji/internal/audit"
+	"moonji/internal/devidp"
 	"moonji/models"
 )
 

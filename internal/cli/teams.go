@@ -9,8 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"moonji/internal/money"
 	"moonji/internal/audit"
+	"moonji/internal/money"
 	"moonji/models"
 )
 
