@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"moonji/internal/audit"
 	"moonji/models"
 	"moonji/views"
 )
@@ -118,6 +120,7 @@ func (h *Handler) AdminDisablePerson(c *fiber.Ctx) error {
 	held := h.Withdrawals.Withdraw(id)
 	h.Log.Info("person disabled", "user", id, "email", u.Email, "by", sess.UserID, "by_email", sess.User.Email,
 		"sessions_ended", ended, "running_ended", held)
+	h.record(c, sess, audit.PersonDisable, audit.PersonTarget(u.Email), fmt.Sprintf("%d sessions ended", ended))
 	return h.afterPersonChange(c, sess, id, "disabled")
 }
 
@@ -141,6 +144,7 @@ func (h *Handler) AdminEnablePerson(c *fiber.Ctx) error {
 		return err
 	}
 	h.Log.Info("person enabled", "user", id, "email", u.Email, "by", sess.UserID, "by_email", sess.User.Email)
+	h.record(c, sess, audit.PersonEnable, audit.PersonTarget(u.Email), "")
 	return h.afterPersonChange(c, sess, id, "enabled")
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"moonji/internal/audit"
 	"moonji/internal/budget"
 	"moonji/internal/spending"
 	"moonji/models"
@@ -107,6 +108,10 @@ func (h *Handler) AdminCreateTeam(c *fiber.Ctx) error {
 	}
 	h.forgetPolicies()
 	h.Log.Info("team created", "team", team.ID, "name", team.Name, "by", sess.UserID)
+	var ch audit.Changes
+	ch.Note("budget %s", audit.Budget(team.Budget, team.BudgetPeriod, h.Currency))
+	ch.Note("models %s", audit.Models(team.Models))
+	h.record(c, sess, audit.TeamCreate, audit.TeamTarget(team.ID, team.Name), ch.String())
 	return c.Redirect(fmt.Sprintf("/admin/teams/%d?done=created", team.ID), http.StatusSeeOther)
 }
 
@@ -168,10 +173,11 @@ func (h *Handler) teamPage(c *fiber.Ctx, sess *models.Session) (views.TeamPage, 
 	return d, nil
 }
 
-// teamChange runs change on team :id for one of its page's forms: change
-// returns a sentence when the form is refused (the page is shown again
-// with it), else the page is shown with done's notice.
-func (h *Handler) teamChange(c *fiber.Ctx, done string, change func(id uint) (problem string, err error)) error {
+// teamChange runs change on the team :id was before for one of its
+// page's forms: change returns a sentence when the form is refused (the
+// page is shown again with it), else what it changed, which the audit log
+// records under done's action, and the page is shown with done's notice.
+func (h *Handler) teamChange(c *fiber.Ctx, done string, change func(before *models.Team) (problem, detail string, err error)) error {
 	sess, err := h.session(c)
 	if err != nil {
 		return err
@@ -180,7 +186,14 @@ func (h *Handler) teamChange(c *fiber.Ctx, done string, change func(id uint) (pr
 	if !ok {
 		return fiber.ErrNotFound
 	}
-	problem, err := change(id)
+	before, err := models.TeamByID(c.UserContext(), h.DB, id)
+	if errors.Is(err, models.ErrNotFound) {
+		return fiber.ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	problem, detail, err := change(before)
 	if errors.Is(err, models.ErrNotFound) {
 		return fiber.ErrNotFound
 	}
@@ -202,30 +215,39 @@ func (h *Handler) teamChange(c *fiber.Ctx, done string, change func(id uint) (pr
 	}
 	h.forgetPolicies()
 	h.Log.Info("team changed", "team", id, "what", done, "by", sess.UserID)
+	h.record(c, sess, teamActions[done], audit.TeamTarget(before.ID, before.Name), detail)
 	return c.Redirect(fmt.Sprintf("/admin/teams/%d?done=%s", id, done), http.StatusSeeOther)
+}
+
+// teamActions are the audit actions of teamChange's forms.
+var teamActions = map[string]string{
+	"budget":  audit.BudgetUpdate,
+	"models":  audit.ModelsUpdate,
+	"added":   audit.TeamMemberAdd,
+	"removed": audit.TeamMemberRemove,
 }
 
 // AdminTeamBudget serves POST /admin/teams/:id/budget: the team's budget,
 // or none (an empty amount).
 func (h *Handler) AdminTeamBudget(c *fiber.Ctx) error {
-	return h.teamChange(c, "budget", func(id uint) (string, error) {
+	return h.teamChange(c, "budget", func(t *models.Team) (string, string, error) {
 		amount, period, problem := readBudget(c)
 		if problem != "" {
-			return problem, nil
+			return problem, "", nil
 		}
-		return "", models.SetTeamBudget(c.UserContext(), h.DB, id, amount, period)
+		return "", h.budgetChange(t.Budget, t.BudgetPeriod, amount, period), models.SetTeamBudget(c.UserContext(), h.DB, t.ID, amount, period)
 	})
 }
 
 // AdminTeamModels serves POST /admin/teams/:id/models: the models the
 // team's members may use ("" for every one).
 func (h *Handler) AdminTeamModels(c *fiber.Ctx) error {
-	return h.teamChange(c, "models", func(id uint) (string, error) {
+	return h.teamChange(c, "models", func(t *models.Team) (string, string, error) {
 		list, problem := h.readModelList(c)
 		if problem != "" {
-			return problem, nil
+			return problem, "", nil
 		}
-		return "", models.SetTeamModels(c.UserContext(), h.DB, id, list)
+		return "", modelsChange(t.Models, list), models.SetTeamModels(c.UserContext(), h.DB, t.ID, list)
 	})
 }
 
@@ -233,24 +255,21 @@ func (h *Handler) AdminTeamModels(c *fiber.Ctx) error {
 // with this email in the team (someone who has signed in or holds a key;
 // nobody is made up here).
 func (h *Handler) AdminTeamAddMember(c *fiber.Ctx) error {
-	return h.teamChange(c, "added", func(id uint) (string, error) {
+	return h.teamChange(c, "added", func(t *models.Team) (string, string, error) {
 		ctx := c.UserContext()
-		if _, err := models.TeamByID(ctx, h.DB, id); err != nil {
-			return "", err
-		}
 		raw := strings.TrimSpace(c.FormValue("email"))
 		email := models.StorableText(raw)
 		if email == "" || len(raw) > maxFilterChars || email != raw {
-			return "Give the email of someone who has signed in or holds a key.", nil
+			return "Give the email of someone who has signed in or holds a key.", "", nil
 		}
 		u, err := models.UserByEmail(ctx, h.DB, email)
 		if errors.Is(err, models.ErrNotFound) {
-			return fmt.Sprintf("Nobody with the email “%s” has signed in or holds a key.", email), nil
+			return fmt.Sprintf("Nobody with the email “%s” has signed in or holds a key.", email), "", nil
 		}
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
-		return "", models.AddTeamMember(ctx, h.DB, id, u.ID)
+		return "", "added " + u.Email, models.AddTeamMember(ctx, h.DB, t.ID, u.ID)
 	})
 }
 
@@ -258,19 +277,21 @@ func (h *Handler) AdminTeamAddMember(c *fiber.Ctx) error {
 // Someone the provider's teams claim placed in the team is back at their
 // next sign-in if the claim still names it.
 func (h *Handler) AdminTeamRemoveMember(c *fiber.Ctx) error {
-	return h.teamChange(c, "removed", func(id uint) (string, error) {
+	return h.teamChange(c, "removed", func(t *models.Team) (string, string, error) {
 		user, ok := paramID(c, "user")
 		if !ok {
-			return "", models.ErrNotFound
+			return "", "", models.ErrNotFound
 		}
-		err := models.RemoveTeamMember(c.UserContext(), h.DB, id, user)
+		ctx := c.UserContext()
+		who := fmt.Sprintf("person %d", user)
+		if u, err := models.UserByID(ctx, h.DB, user); err == nil {
+			who = u.Email
+		}
+		err := models.RemoveTeamMember(ctx, h.DB, t.ID, user)
 		if errors.Is(err, models.ErrNotFound) {
-			if _, terr := models.TeamByID(c.UserContext(), h.DB, id); terr != nil {
-				return "", terr
-			}
-			return "They are not in this team (any more).", nil
+			return "They are not in this team (any more).", "", nil
 		}
-		return "", err
+		return "", "removed " + who, err
 	})
 }
 
@@ -286,6 +307,13 @@ func (h *Handler) AdminDeleteTeam(c *fiber.Ctx) error {
 	if !ok {
 		return fiber.ErrNotFound
 	}
+	before, err := models.TeamByID(c.UserContext(), h.DB, id)
+	if errors.Is(err, models.ErrNotFound) {
+		return fiber.ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
 	err = models.DeleteTeam(c.UserContext(), h.DB, id)
 	if errors.Is(err, models.ErrNotFound) {
 		return fiber.ErrNotFound
@@ -295,6 +323,8 @@ func (h *Handler) AdminDeleteTeam(c *fiber.Ctx) error {
 	}
 	h.forgetPolicies()
 	h.Log.Info("team deleted", "team", id, "by", sess.UserID)
+	h.record(c, sess, audit.TeamDelete, audit.TeamTarget(before.ID, before.Name),
+		fmt.Sprintf("had budget %s; models %s", audit.Budget(before.Budget, before.BudgetPeriod, h.Currency), audit.Models(before.Models)))
 	if isHTMX(c) {
 		c.Set("HX-Redirect", "/admin/teams?done=deleted")
 		return c.SendStatus(http.StatusOK)

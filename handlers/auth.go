@@ -3,10 +3,12 @@ package handlers
 import (
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
 
+	"moonji/internal/audit"
 	"moonji/internal/auth"
 )
 
@@ -46,8 +48,10 @@ func (h *Handler) Callback(c *fiber.Ctx) error {
 	// The state is single-use whatever happened.
 	setCookie(c, h.Auth.LoginCookie("", -1))
 	if err != nil {
+		h.recordFailedSignIn(c, err)
 		return h.loginFailed(c, err)
 	}
+	h.recordSignIn(c, login)
 	setCookie(c, h.Auth.NewSessionCookie(login.Cookie))
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Redirect(login.Next, http.StatusSeeOther)
@@ -100,6 +104,7 @@ func (h *Handler) Logout(c *fiber.Ctx) error {
 	}
 	setCookie(c, h.Auth.SessionCookie("", -1))
 	h.Log.Info("signed out", "user", sess.UserID)
+	h.record(c, sess, audit.SignOut, audit.PersonTarget(sess.User.Email), "")
 	idToken := ""
 	if ended != nil {
 		idToken = ended.IDToken
@@ -108,4 +113,22 @@ func (h *Handler) Logout(c *fiber.Ctx) error {
 		return c.Redirect(u, http.StatusSeeOther)
 	}
 	return c.Redirect("/", http.StatusSeeOther)
+}
+
+// recordSignIn records a sign-in and, when the provider's claim changed
+// the person's role with it, that change.
+func (h *Handler) recordSignIn(c *fiber.Ctx, login *auth.Login) {
+	sess := login.Session
+	target := audit.PersonTarget(login.User.Email)
+	detail := ""
+	if login.User.Admin {
+		detail = "admin"
+	}
+	h.record(c, sess, audit.SignIn, target, detail)
+	if login.WasAdmin != nil && *login.WasAdmin != login.User.Admin {
+		var ch audit.Changes
+		ch.Set("admin", strconv.FormatBool(*login.WasAdmin), strconv.FormatBool(login.User.Admin))
+		ch.Note("by the sign-in provider's claim")
+		h.record(c, sess, audit.PersonUpdate, target, ch.String())
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"moonji/internal/audit"
 	"moonji/internal/budget"
 	"moonji/internal/money"
 	"moonji/internal/spending"
@@ -181,6 +182,13 @@ func (h *Handler) AdminPersonBudget(c *fiber.Ctx) error {
 		d.Error = problem
 		return render(c, http.StatusUnprocessableEntity, views.People(d))
 	}
+	before, err := models.UserByID(c.UserContext(), h.DB, id)
+	if errors.Is(err, models.ErrNotFound) {
+		return fiber.ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
 	err = models.SetPersonBudget(c.UserContext(), h.DB, id, amount, period)
 	if errors.Is(err, models.ErrNotFound) {
 		return fiber.ErrNotFound
@@ -190,6 +198,8 @@ func (h *Handler) AdminPersonBudget(c *fiber.Ctx) error {
 	}
 	h.forgetPolicies()
 	h.Log.Info("person's budget set", "user", id, "budget", amount, "period", period, "by", sess.UserID)
+	h.record(c, sess, audit.BudgetUpdate, audit.PersonTarget(before.Email),
+		h.budgetChange(before.Budget, before.BudgetPeriod, amount, period))
 	v := url.Values{"done": {"budget"}}
 	if filter != "" {
 		v.Set("email", filter)
@@ -235,6 +245,13 @@ func (h *Handler) adminKeyChange(c *fiber.Ctx, done string, change func(id uint)
 		return fiber.ErrNotFound
 	}
 	filter, _ := readFilter(c.FormValue("owner"))
+	before, err := models.APIKeyByID(c.UserContext(), h.DB, id)
+	if errors.Is(err, models.ErrNotFound) {
+		return fiber.ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
 	problem, err := change(id)
 	if errors.Is(err, models.ErrNotFound) {
 		return fiber.ErrNotFound
@@ -252,6 +269,7 @@ func (h *Handler) adminKeyChange(c *fiber.Ctx, done string, change func(id uint)
 	}
 	h.forgetPolicies()
 	h.Log.Info("key's limits set", "key", id, "what", done, "by", sess.UserID)
+	h.recordKeyChange(c, sess, before, done)
 	v := url.Values{"done": {done}}
 	if filter != "" {
 		v.Set("owner", filter)
@@ -306,6 +324,8 @@ func (h *Handler) KeyBudget(c *fiber.Ctx) error {
 		return err
 	}
 	h.forgetPolicies()
+	h.record(c, sess, audit.BudgetUpdate, audit.KeyTarget(k.ID, k.Name, k.User.Email),
+		h.budgetChange(k.Budget, k.BudgetPeriod, amount, period))
 	h.Log.Info("key's budget set by its owner", "user", sess.UserID, "key", id, "budget", amount, "period", period)
 	return c.Redirect("/keys?done=budget", http.StatusSeeOther)
 }
@@ -366,4 +386,46 @@ func (h *Handler) ownKeyBudgetProblem(ctx context.Context, userID uint, k *model
 			views.BudgetText(amount, period, cur), views.BudgetText(u.Budget, u.BudgetPeriod, cur), money.FormatShort(left), cur), nil
 	}
 	return "", nil
+}
+
+// budgetChange is a budget's change as an audit detail: "budget
+// none→5.00 USD/month".
+func (h *Handler) budgetChange(oldAmount *int64, oldPeriod string, amount *int64, period string) string {
+	var ch audit.Changes
+	ch.Set("budget", audit.Budget(oldAmount, oldPeriod, h.Currency), audit.Budget(amount, period, h.Currency))
+	if ch.Empty() {
+		return "budget unchanged: " + audit.Budget(amount, period, h.Currency)
+	}
+	return ch.String()
+}
+
+// recordKeyChange records what an admin's form (done: "budget" or
+// "models") changed of key before, read back after the change.
+func (h *Handler) recordKeyChange(c *fiber.Ctx, sess *models.Session, before *models.APIKey, done string) {
+	target := audit.KeyTarget(before.ID, before.Name, before.User.Email)
+	action := audit.BudgetUpdate
+	if done == "models" {
+		action = audit.ModelsUpdate
+	}
+	after, err := models.APIKeyByID(c.UserContext(), h.DB, before.ID)
+	if err != nil {
+		h.Log.Warn("key re-read for the audit log failed", "key", before.ID, "err", err)
+		h.record(c, sess, action, target, "changed; the new value could not be read")
+		return
+	}
+	if action == audit.BudgetUpdate {
+		h.record(c, sess, action, target, h.budgetChange(before.Budget, before.BudgetPeriod, after.Budget, after.BudgetPeriod))
+		return
+	}
+	h.record(c, sess, action, target, modelsChange(before.Models, after.Models))
+}
+
+// modelsChange is a model list's change as an audit detail.
+func modelsChange(before, after string) string {
+	var ch audit.Changes
+	ch.Set("models", audit.Models(before), audit.Models(after))
+	if ch.Empty() {
+		return "models unchanged: " + audit.Models(after)
+	}
+	return ch.String()
 }

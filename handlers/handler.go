@@ -40,6 +40,9 @@ type Handler struct {
 	// Reloader reloads the configuration file (the admin page's button)
 	// and tells the version each replica runs; nil: no button.
 	Reloader Reloader
+	// AuditSignInFailures bounds the failed sign-ins recorded per address
+	// (recordFailedSignIn); nil: no bound.
+	AuditSignInFailures *auth.RequestLimiter
 	// Auth signs people in and holds their sessions; pages, /api and the
 	// session path of /v1 need it.
 	Auth *auth.Service

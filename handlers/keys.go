@@ -11,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"moonji/internal/apikey"
+	"moonji/internal/audit"
 	"moonji/models"
 	"moonji/views"
 )
@@ -98,6 +99,7 @@ func (h *Handler) createKey(c *fiber.Ctx, sess *models.Session, form views.KeyFo
 		return "", "", fmt.Errorf("create api key: %w", err)
 	}
 	h.Log.Info("api key created", "user", sess.UserID, "key", key.ID, "prefix", key.Prefix, "rpm", key.RPM, "via", "web")
+	h.record(c, sess, audit.KeyCreate, audit.KeyTarget(key.ID, key.Name, sess.User.Email), audit.KeyCreated(key.RPM, key.ExpiresAt, key.Budget, key.BudgetPeriod, key.Models, h.Currency))
 	return secret, "", nil
 }
 
@@ -142,12 +144,15 @@ func (h *Handler) revoke(c *fiber.Ctx, sess *models.Session, owner uint, back st
 	// accepting the key now (other replicas and the CLI: within the TTL).
 	h.APIKeys.Forget(id)
 	h.Log.Info("api key revoked", "key", id, "by", sess.UserID, "admin", all)
-	if !isHTMX(c) {
-		return c.Redirect(back, http.StatusSeeOther)
-	}
 	k, err := models.APIKeyByID(c.UserContext(), h.DB, id)
 	if err != nil {
+		// Revoked all the same: the record names the key by its id alone.
+		h.record(c, sess, audit.KeyRevoke, fmt.Sprintf("key %d", id), "")
 		return err
+	}
+	h.record(c, sess, audit.KeyRevoke, audit.KeyTarget(k.ID, k.Name, k.User.Email), "")
+	if !isHTMX(c) {
+		return c.Redirect(back, http.StatusSeeOther)
 	}
 	return render(c, http.StatusOK, views.KeyRow(all, sess.CSRFToken, filter, h.viewKey(k, time.Now())))
 }

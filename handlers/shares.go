@@ -11,6 +11,7 @@ import (
 	"github.com/a-h/templ"
 	"github.com/gofiber/fiber/v2"
 
+	"moonji/internal/audit"
 	"moonji/internal/share"
 	"moonji/models"
 	"moonji/views"
@@ -72,6 +73,7 @@ func (h *Shares) CreateShare(c *fiber.Ctx) error {
 	if err != nil {
 		return h.shareError(c, err, "No such conversation.")
 	}
+	h.recordAs(c, p.UserID, p.Email, audit.ShareCreate, audit.ShareTarget(sh.ConversationID, sh.Title), shareDetail(sh))
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Status(http.StatusCreated).JSON(fiber.Map{"token": sh.Token, "url": h.linkURL(sh.Token),
 		"expires_at": sh.ExpiresAt, "show_author": sh.ShowAuthor})
@@ -84,7 +86,7 @@ func (h *Shares) DeleteShare(c *fiber.Ctx) error {
 	if !ok {
 		return apiError(c, http.StatusUnauthorized, "Sign in first.", "invalid_request_error", "unauthorized")
 	}
-	if err := h.Service.Revoke(c.UserContext(), p.UserID, c.Params("token")); err != nil {
+	if err := h.revokeShare(c, p.UserID, p.Email, c.Params("token")); err != nil {
 		return h.shareError(c, err, "No such share link.")
 	}
 	return c.SendStatus(http.StatusNoContent)
@@ -146,6 +148,7 @@ func (h *Shares) CreateSharePage(c *fiber.Ctx) error {
 	if d.Error != "" {
 		return render(c, http.StatusUnprocessableEntity, views.SharePanelView(d))
 	}
+	h.record(c, sess, audit.ShareCreate, audit.ShareTarget(sh.ConversationID, sh.Title), shareDetail(sh))
 	if !isHTMX(c) {
 		return c.Redirect("/shares", http.StatusSeeOther)
 	}
@@ -186,7 +189,7 @@ func (h *Shares) RevokeSharePage(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	err = h.Service.Revoke(c.UserContext(), sess.UserID, c.Params("token"))
+	err = h.revokeShare(c, sess.UserID, sess.User.Email, c.Params("token"))
 	if errors.Is(err, share.ErrNotFound) {
 		return h.message(c, http.StatusNotFound, "Not found", "There is no such link of yours.", "Your shared links", "/shares")
 	}
@@ -253,4 +256,36 @@ func sharedPage(c *fiber.Ctx, status int, comp templ.Component) error {
 	c.Set(fiber.HeaderXContentTypeOptions, "nosniff")
 	c.Status(status)
 	return comp.Render(c.UserContext(), c.Response().BodyWriter())
+}
+
+// revokeShare revokes the person's link token and records it, naming the
+// link by its conversation: the token is the link's secret and is never
+// recorded, not even in part.
+func (h *Shares) revokeShare(c *fiber.Ctx, userID uint, email, token string) error {
+	var target string
+	if share.ValidToken(token) {
+		if sh, err := models.ShareOf(c.UserContext(), h.DB, userID, token); err == nil {
+			target = audit.ShareTarget(sh.ConversationID, sh.Title)
+		}
+	}
+	if err := h.Service.Revoke(c.UserContext(), userID, token); err != nil {
+		return err
+	}
+	if target == "" {
+		target = "a share link"
+	}
+	h.recordAs(c, userID, email, audit.ShareRevoke, target, "")
+	return nil
+}
+
+// shareDetail is a new link's settings, as its audit event's detail.
+func shareDetail(sh *models.Share) string {
+	var ch audit.Changes
+	if sh.ExpiresAt != nil {
+		ch.Note("expires %s", sh.ExpiresAt.UTC().Format(time.RFC3339))
+	} else {
+		ch.Note("expires never")
+	}
+	ch.Note("author shown %t", sh.ShowAuthor)
+	return ch.String()
 }

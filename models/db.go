@@ -168,6 +168,9 @@ func Migrate(db *gorm.DB) error {
 	if err := migrateConversationIndexes(db); err != nil {
 		return err
 	}
+	if err := migrateAudit(db); err != nil {
+		return err
+	}
 	return migrateSearch(db)
 }
 

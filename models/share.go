@@ -118,3 +118,18 @@ func DeleteShare(ctx context.Context, db *gorm.DB, userID uint, token string) er
 	}
 	return nil
 }
+
+// ShareOf returns the person's share token without its snapshot (for the
+// audit log's record of a revoke); someone else's, or none, is ErrNotFound.
+func ShareOf(ctx context.Context, db *gorm.DB, userID uint, token string) (*Share, error) {
+	var s Share
+	err := db.WithContext(ctx).Select("token, user_id, conversation_id, title, show_author, expires_at, created_at").
+		Where("token = ? AND user_id = ?", token, userID).Take(&s).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find share: %w", err)
+	}
+	return &s, nil
+}

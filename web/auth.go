@@ -21,6 +21,10 @@ import (
 // devClientID is Moonji's client id at the embedded development provider.
 const devClientID = "moonji"
 
+// auditSignInFailuresPerMinute bounds the failed sign-ins the audit log
+// records per address and minute.
+const auditSignInFailuresPerMinute = 20
+
 // devIDPPath is where the embedded development provider is mounted.
 const devIDPPath = "/idp"
 
@@ -143,6 +147,8 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	adminPages.Post("/teams/:id/members", h.AdminTeamAddMember)
 	adminPages.Post("/teams/:id/members/:user/remove", h.AdminTeamRemoveMember)
 	adminPages.Post("/teams/:id/delete", h.AdminDeleteTeam)
+	adminPages.Get("/audit", h.AdminAudit)
+	adminPages.Get("/audit/export", h.AdminAuditExport)
 	return nil
 }
 
@@ -159,6 +165,9 @@ func (s *Server) limitPeople(h *handlers.Handler) error {
 		h.Keyless = auth.NewRequestLimiter(n, time.Minute)
 	}
 	h.MaxKeysPerPerson, h.MaxKeyRPM = s.Config.Keys.MaxPerPerson, s.Config.Keys.MaxRPM
+	// Failed sign-ins cost an attacker nothing: the audit log keeps at most
+	// this many per address (an IPv6 /64) a minute.
+	h.AuditSignInFailures = auth.NewRequestLimiter(auditSignInFailuresPerMinute, time.Minute)
 	return nil
 }
 

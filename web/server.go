@@ -593,12 +593,13 @@ func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (in
 
 // startRetention starts this replica's retention job (internal/retention)
 // when the configuration keeps usage or conversations for a limited time.
-// More tables pruned at the usage age (the audit log) join
-// s.Retention.WithUsage before it starts.
+// The audit log is pruned at the usage age.
 func (s *Server) startRetention() {
 	cfg := s.Config.Retention
 	s.Retention = &retention.Job{DB: s.DB, Usage: cfg.Usage.Duration(), Conversations: cfg.Conversations.Duration(),
-		Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention")}
+		Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention"),
+		// The audit log is kept as long as the usage it sits beside.
+		WithUsage: []retention.Table{{Name: "audit", Prune: models.DeleteAuditEventsBefore}}}
 	if !s.Retention.Enabled() {
 		return
 	}

@@ -37,6 +37,10 @@ const (
 	SignOut        = "signout"
 	ConfigReload   = "config.reload"
 	ConfigRejected = "config.reload_failed"
+	// A team's members: who was put in or taken out (the team is the
+	// target, the person the detail).
+	TeamMemberAdd    = "team.member_add"
+	TeamMemberRemove = "team.member_remove"
 )
 
 // Event is one change. Actor fields say who acted; Target names what was

@@ -29,6 +29,18 @@ var (
 	ErrDisabled = errors.New("an admin has disabled this account")
 )
 
+// LoginFailure is a failed sign-in whose person is known, at least by the
+// email the provider sent (the audit log records who tried). It wraps the
+// reason: errors.Is finds ErrDisabled, ErrNoEmail… through it.
+type LoginFailure struct {
+	UserID uint   // 0: nobody here has this identity yet
+	Email  string // what the provider said, maybe ""
+	Err    error
+}
+
+func (f *LoginFailure) Error() string { return f.Err.Error() }
+func (f *LoginFailure) Unwrap() error { return f.Err }
+
 // BeginLogin starts a sign-in: it stores the PKCE verifier and the page to
 // return to under a fresh state, and returns the provider URL to send the
 // browser to and the state, which goes into the login cookie.
@@ -70,6 +82,9 @@ type Login struct {
 	Session *models.Session
 	User    *models.User
 	Next    string // the local page to go to
+	// WasAdmin is the admin flag the person had before this sign-in, nil
+	// for a new person: the provider's claim may have changed it.
+	WasAdmin *bool
 }
 
 // FinishLogin completes a sign-in: it checks that the callback belongs to
@@ -102,13 +117,13 @@ func (s *Service) FinishLogin(ctx context.Context, cb Callback) (*Login, error) 
 		return nil, fmt.Errorf("exchange the code: %w", err)
 	}
 	id := s.identity(ctx, party, tokens)
-	user, err := s.upsertUser(ctx, id)
+	user, wasAdmin, err := s.upsertUserWas(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, &LoginFailure{Email: models.NormalizeEmail(id.Email), Err: err}
 	}
 	if user.Disabled() {
 		s.log.WarnContext(ctx, "sign-in refused: disabled by an admin", "user", user.ID, "email", user.Email)
-		return nil, ErrDisabled
+		return nil, &LoginFailure{UserID: user.ID, Email: user.Email, Err: ErrDisabled}
 	}
 	// Disabled between the check and here, the person gets a session that
 	// Session refuses: it reads the flag with every session.
@@ -125,7 +140,7 @@ func (s *Service) FinishLogin(ctx context.Context, cb Callback) (*Login, error) 
 	}
 	sess.User = *user
 	s.log.InfoContext(ctx, "signed in", "user", user.ID, "email", user.Email, "admin", user.Admin)
-	return &Login{Cookie: cookie, Session: sess, User: user, Next: ls.Next}, nil
+	return &Login{Cookie: cookie, Session: sess, User: user, Next: ls.Next, WasAdmin: wasAdmin}, nil
 }
 
 // identity reads the signed-in identity from the verified ID token, asking

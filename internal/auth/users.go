@@ -23,6 +23,14 @@ var (
 // email is linked when the provider vouches for the address (the CLI creates
 // users by email alone, and moving from one provider to another keeps them).
 func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, error) {
+	u, _, err := s.upsertUserWas(ctx, id)
+	return u, err
+}
+
+// upsertUserWas is upsertUser that also tells the admin flag the person
+// had before this sign-in (nil: a new person), for the audit log's record
+// of a role the provider's claim changed.
+func (s *Service) upsertUserWas(ctx context.Context, id Identity) (_ *models.User, wasAdmin *bool, _ error) {
 	email := models.NormalizeEmail(id.Email)
 	name := strings.TrimSpace(id.Name)
 	var u models.User
@@ -39,18 +47,18 @@ func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, er
 		}
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		if email == "" {
-			return nil, ErrNoEmail
+			return nil, nil, ErrNoEmail
 		}
 		existing, err := models.UserByEmail(ctx, s.db, email)
 		switch {
 		case errors.Is(err, models.ErrNotFound):
 			u = models.User{Email: email}
 		case err != nil:
-			return nil, err
+			return nil, nil, err
 		case existing.Issuer == id.Issuer && existing.Subject != "":
-			return nil, ErrEmailConflict
+			return nil, nil, ErrEmailConflict
 		case !id.EmailVerified:
-			return nil, ErrEmailTaken
+			return nil, nil, ErrEmailTaken
 		default:
 			u = *existing
 			s.log.InfoContext(ctx, "linked sign-in identity to existing user by verified email",
@@ -58,10 +66,14 @@ func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, er
 		}
 		u.Issuer, u.Subject = id.Issuer, id.Subject
 	default:
-		return nil, fmt.Errorf("find user by identity: %w", err)
+		return nil, nil, fmt.Errorf("find user by identity: %w", err)
 	}
 	if name != "" {
 		u.Name = name
+	}
+	if u.ID != 0 {
+		was := u.Admin
+		wasAdmin = &was
 	}
 	if s.admin.configured() {
 		u.Admin = s.admin.IsAdmin(id)
@@ -70,12 +82,12 @@ func (s *Service) upsertUser(ctx context.Context, id Identity) (*models.User, er
 	// row read before an admin disabled the person (or set their budget)
 	// would undo it.
 	if err := s.db.WithContext(ctx).Omit("DisabledAt", "LastLoginAt", "Budget", "BudgetPeriod").Save(&u).Error; err != nil {
-		return nil, fmt.Errorf("save user %s: %w", email, err)
+		return nil, nil, fmt.Errorf("save user %s: %w", email, err)
 	}
 	if err := s.syncTeams(ctx, u.ID, id); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &u, nil
+	return &u, wasAdmin, nil
 }
 
 // syncTeams places the person in the teams the teams claim names, when one

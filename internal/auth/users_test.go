@@ -59,3 +59,20 @@ func TestUpsertKeepsAdminWithoutRule(t *testing.T) {
 		t.Fatalf("without an admin rule the stored flag stands: %+v, %v", got, err)
 	}
 }
+
+// upsertUserWas tells the admin flag a sign-in found (nil for a new
+// person), so that the audit log can record a role the claim changed.
+func TestUpsertTellsFormerAdminFlag(t *testing.T) {
+	ctx := context.Background()
+	s := testService(t, AdminRule{Claim: "groups", Value: "ops"})
+	admin := Identity{Issuer: "i", Subject: "x", Email: "op@example.com", EmailVerified: true, Claims: map[string]any{"groups": []any{"ops"}}}
+	u, was, err := s.upsertUserWas(ctx, admin)
+	if err != nil || was != nil || !u.Admin {
+		t.Fatalf("new person: %+v, was %v, %v", u, was, err)
+	}
+	admin.Claims = map[string]any{"groups": []any{}}
+	u, was, err = s.upsertUserWas(ctx, admin)
+	if err != nil || was == nil || !*was || u.Admin {
+		t.Fatalf("demoted by the claim: %+v, was %v, %v", u, was, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"moonji/internal/apikey"
+	"moonji/internal/audit"
 	"moonji/models"
 )
 
@@ -72,10 +73,12 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	secret, _, err := apikey.CreateLimited(ctx, db, user.ID, *name, lifetime, *rpm, limits)
+	secret, key, err := apikey.CreateLimited(ctx, db, user.ID, *name, lifetime, *rpm, limits)
 	if err != nil {
 		return err
 	}
+	record(ctx, db, audit.KeyCreate, audit.KeyTarget(key.ID, key.Name, user.Email),
+		audit.KeyCreated(key.RPM, key.ExpiresAt, key.Budget, key.BudgetPeriod, key.Models, ""))
 	// The key alone on one line: scripts capture it with $(…).
 	_, err = fmt.Fprintln(stdout, secret)
 	return err
@@ -143,6 +146,11 @@ func keysRevoke(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return err
 	}
+	target := fmt.Sprintf("key %d", id)
+	if k, err := models.APIKeyByID(ctx, db, uint(id)); err == nil {
+		target = audit.KeyTarget(k.ID, k.Name, k.User.Email)
+	}
+	record(ctx, db, audit.KeyRevoke, target, "")
 	_, err = fmt.Fprintf(stdout, "revoked key %d\n", id)
 	return err
 }

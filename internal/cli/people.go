@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"gorm.io/gorm"
 
+	"moonji/internal/audit"
 	"moonji/internal/devidp"
 	"moonji/models"
 )
@@ -79,6 +81,7 @@ func peopleAdd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	wasAdmin := user.Admin
 	set := map[string]any{"admin": *admin}
 	if hash != nil {
 		set["password_hash"] = hash
@@ -86,6 +89,15 @@ func peopleAdd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := db.WithContext(ctx).Model(user).Updates(set).Error; err != nil {
 		return fmt.Errorf("update %s: %w", user.Email, err)
 	}
+	var ch audit.Changes
+	ch.Set("admin", strconv.FormatBool(wasAdmin), strconv.FormatBool(*admin))
+	if hash != nil {
+		ch.Note("development password set")
+	}
+	if ch.Empty() {
+		ch.Note("added or unchanged; admin %t", *admin)
+	}
+	record(ctx, db, audit.PersonUpdate, audit.PersonTarget(user.Email), ch.String())
 	_, err = fmt.Fprintf(stdout, "person %d: %s\n", user.ID, user.Email)
 	return err
 }
@@ -145,12 +157,14 @@ func peopleSwitch(ctx context.Context, verb string, args []string, stdout io.Wri
 		if err != nil {
 			return err
 		}
+		record(ctx, db, audit.PersonDisable, audit.PersonTarget(user.Email), fmt.Sprintf("%d sessions ended", ended))
 		_, err = fmt.Fprintf(stdout, "disabled %s; %d sessions ended\n", user.Email, ended)
 		return err
 	}
 	if _, err := models.EnableUser(ctx, db, user.ID); err != nil {
 		return err
 	}
+	record(ctx, db, audit.PersonEnable, audit.PersonTarget(user.Email), "")
 	_, err = fmt.Fprintf(stdout, "enabled %s\n", user.Email)
 	return err
 }
@@ -194,6 +208,12 @@ func peopleBudget(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := models.SetPersonBudget(ctx, db, user.ID, budget, period); err != nil {
 		return err
 	}
+	var ch audit.Changes
+	ch.Set("budget", audit.Budget(user.Budget, user.BudgetPeriod, ""), audit.Budget(budget, period, ""))
+	if ch.Empty() {
+		ch.Note("budget unchanged: %s", audit.Budget(budget, period, ""))
+	}
+	record(ctx, db, audit.BudgetUpdate, audit.PersonTarget(user.Email), ch.String())
 	if budget == nil {
 		_, err = fmt.Fprintf(stdout, "%s: no budget\n", user.Email)
 		return err

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"moonji/internal/audit"
 	"moonji/internal/money"
 	"moonji/models"
 )
@@ -62,6 +63,8 @@ func teamsCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	record(ctx, db, audit.TeamCreate, audit.TeamTarget(team.ID, team.Name),
+		fmt.Sprintf("budget %s; models %s", audit.Budget(team.Budget, team.BudgetPeriod, ""), audit.Models(team.Models)))
 	_, err = fmt.Fprintf(stdout, "team %d: %s\n", team.ID, team.Name)
 	return err
 }
@@ -103,6 +106,7 @@ func teamsMember(ctx context.Context, verb string, args []string, stdout io.Writ
 		if err := models.AddTeamMember(ctx, db, team.ID, user.ID); err != nil {
 			return err
 		}
+		record(ctx, db, audit.TeamMemberAdd, audit.TeamTarget(team.ID, team.Name), "added "+user.Email)
 		_, err = fmt.Fprintf(stdout, "added %s to team %s\n", user.Email, team.Name)
 		return err
 	}
@@ -115,6 +119,7 @@ func teamsMember(ctx context.Context, verb string, args []string, stdout io.Writ
 	} else if err != nil {
 		return err
 	}
+	record(ctx, db, audit.TeamMemberRemove, audit.TeamTarget(team.ID, team.Name), "removed "+user.Email)
 	_, err = fmt.Fprintf(stdout, "removed %s from team %s\n", user.Email, team.Name)
 	return err
 }
