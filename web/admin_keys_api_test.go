@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -321,4 +323,41 @@ func TestAdminKeysAPIScopes(t *testing.T) {
 		status, obj, text = d.call(http.MethodGet, "/api/v1/admin/keys", "")
 		wantError(t, "disabled owner's key", status, obj, text, http.StatusUnauthorized, "invalid_api_key", "")
 	})
+}
+
+// TestKeysPageScope: on /keys an admin may create an admin-scoped key for
+// themself (it works on the admin API, not on /v1, and its row says so);
+// anyone else sending the scope is refused and no key is made.
+func TestKeysPageScope(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/moonji.db")
+	boss := e.signedIn("boss@example.com", true)
+	token := mustMe(e, boss).CSRFToken
+	_, page := e.fetch(boss, http.MethodGet, "/keys", nil, nil)
+	if !strings.Contains(page, `name="scope"`) {
+		t.Fatal("no scope choice on an admin's /keys")
+	}
+	resp, body := e.fetch(boss, http.MethodPost, "/keys", url.Values{"name": {"tf"}, "scope": {"admin"}, "_csrf": {token}}, nil)
+	secret := regexp.MustCompile(`mj-[A-Za-z0-9_-]{43}`).FindString(body)
+	if resp.StatusCode != http.StatusOK || secret == "" || !strings.Contains(body, "(admin scope)") {
+		t.Fatalf("admin-scoped key from the page: %d %s", resp.StatusCode, clipText(body))
+	}
+	adminClient{t, e, secret}.must(http.StatusOK, http.MethodGet, "/api/v1/admin/keys", "")
+	if r, _ := haDo(t, e, nil, http.MethodGet, "/v1/models", "", haBearer(secret)); r.StatusCode != http.StatusForbidden {
+		t.Errorf("page's admin key on /v1: %d", r.StatusCode)
+	}
+
+	worker := e.signedIn("worker@example.com", false)
+	wtoken := mustMe(e, worker).CSRFToken
+	if _, page := e.fetch(worker, http.MethodGet, "/keys", nil, nil); strings.Contains(page, `name="scope"`) {
+		t.Error("a scope choice on a non-admin's /keys")
+	}
+	resp, body = e.fetch(worker, http.MethodPost, "/keys", url.Values{"name": {"sneaky"}, "scope": {"admin"}, "_csrf": {wtoken}}, nil)
+	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(body, "Only admins") {
+		t.Errorf("admin scope from a non-admin: %d %s", resp.StatusCode, clipText(body))
+	}
+	var n int64
+	e.DB.Model(&models.APIKey{}).Where("name = ?", "sneaky").Count(&n)
+	if n != 0 {
+		t.Error("a non-admin made an admin-scoped key")
+	}
 }
