@@ -74,6 +74,15 @@ func (h *Handler) readModelList(c *fiber.Ctx) (list, problem string) {
 		}
 		return "", "The model list was refused (" + reason + "). Give model names separated by commas, or leave it empty for every model."
 	}
+	if problem := h.unknownModel(names); problem != "" {
+		return "", problem
+	}
+	return strings.Join(names, ","), ""
+}
+
+// unknownModel says which of names is not a configured model, "" when all
+// are: the pages and the admin API refuse a list with a typo alike.
+func (h *Handler) unknownModel(names []string) string {
 	known := h.Gateway.Models()
 	for _, n := range names {
 		if !slices.Contains(known, n) {
@@ -81,10 +90,10 @@ func (h *Handler) readModelList(c *fiber.Ctx) (list, problem string) {
 			if len(known) <= maxListedModels {
 				msg += ": the models are " + strings.Join(known, ", ")
 			}
-			return "", msg + "."
+			return msg + "."
 		}
 	}
-	return strings.Join(names, ","), ""
+	return ""
 }
 
 // forgetPolicies makes this replica read budgets and model lists anew

@@ -94,11 +94,18 @@ func (h *Handler) createKey(c *fiber.Ctx, sess *models.Session, form views.KeyFo
 	if form.ExpiresDays > 0 {
 		expires = time.Duration(form.ExpiresDays) * 24 * time.Hour
 	}
-	secret, key, err := apikey.Create(c.UserContext(), h.DB, sess.UserID, form.Name, expires, form.RPM)
+	scope := models.ScopeInference
+	if form.Scope == models.ScopeAdmin {
+		scope = models.ScopeAdmin
+	}
+	secret, key, err := apikey.CreateScoped(c.UserContext(), h.DB, &sess.User, scope, form.Name, expires, form.RPM, models.Limits{})
+	if errors.Is(err, apikey.ErrAdminScopeOwner) {
+		return "", "Only admins may create a key with the admin scope.", nil
+	}
 	if err != nil {
 		return "", "", fmt.Errorf("create api key: %w", err)
 	}
-	h.Log.Info("api key created", "user", sess.UserID, "key", key.ID, "prefix", key.Prefix, "rpm", key.RPM, "via", "web")
+	h.Log.Info("api key created", "user", sess.UserID, "key", key.ID, "prefix", key.Prefix, "rpm", key.RPM, "scope", scope, "via", "web")
 	h.record(c, sess, audit.KeyCreate, audit.KeyTarget(key.ID, key.Name, sess.User.Email), audit.KeyCreated(key.RPM, key.ExpiresAt, key.Budget, key.BudgetPeriod, key.Models, h.Currency))
 	return secret, "", nil
 }
@@ -193,7 +200,7 @@ func (h *Handler) viewKey(k *models.APIKey, now time.Time) views.Key {
 	return views.Key{ID: k.ID, Name: k.Name, Prefix: k.Prefix, Owner: k.User.Email, RPM: k.RPM,
 		Status: k.Status(now), Created: k.CreatedAt, LastUsed: k.LastUsedAt, Expires: k.ExpiresAt,
 		OwnerDisabled: k.User.Disabled(), Budget: k.Budget, BudgetPeriod: k.BudgetPeriod, Models: k.Models,
-		Currency: h.Currency}
+		Currency: h.Currency, Scope: k.KeyScope()}
 }
 
 // readKeyForm reads and checks the create form, with maxRPM the highest
@@ -222,6 +229,13 @@ func readKeyForm(c *fiber.Ctx, maxRPM int) (form views.KeyForm, problem string) 
 			return form, fmt.Sprintf("Requests per minute can be at most %d.", maxRPM)
 		}
 		form.RPM = n
+	}
+	switch scope := c.FormValue("scope"); scope {
+	case "", models.ScopeInference:
+	case models.ScopeAdmin:
+		form.Scope = scope
+	default:
+		return form, "Choose the key's scope from the list."
 	}
 	switch {
 	case form.Name == "":

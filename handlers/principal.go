@@ -116,7 +116,8 @@ func (h *Handler) principal(c *fiber.Ctx) (gateway.Principal, error) {
 	return gateway.Principal{}, errNoKey
 }
 
-// keyPrincipal authenticates an API key.
+// keyPrincipal authenticates an inference API key (apikey.Authenticate
+// refuses every other scope, so no /v1 path can forget the check).
 func (h *Handler) keyPrincipal(c *fiber.Ctx, secret string) (gateway.Principal, error) {
 	key, err := h.APIKeys.Authenticate(c.UserContext(), secret)
 	if err == nil {
@@ -124,8 +125,22 @@ func (h *Handler) keyPrincipal(c *fiber.Ctx, secret string) (gateway.Principal, 
 		return gateway.Principal{UserID: key.UserID, Email: key.User.Email, Admin: key.User.Admin, KeyID: &id,
 			Source: gateway.SourceAPI, RPM: key.RPM}, nil
 	}
+	return gateway.Principal{}, h.keyRefused(c, secret, err)
+}
+
+// errWrongScopeOnV1 answers an admin-scoped key on /v1: the key is valid,
+// so it is not a failed credential (its address is not counted).
+var errWrongScopeOnV1 = &authError{status: http.StatusForbidden, reason: "wrong_key_scope", code: "insufficient_scope",
+	msg: "This API key has the admin scope: it works on /api/v1/admin only. Use an inference key on /v1."}
+
+// keyRefused says how to answer a key apikey refused with err (apikey's
+// errors), and counts a failed credential against its address. Keys that
+// are valid but of the wrong scope are answered by the caller.
+func (h *Handler) keyRefused(c *fiber.Ctx, secret string, err error) *authError {
 	var ae *authError
 	switch {
+	case errors.Is(err, apikey.ErrWrongScope):
+		return errWrongScopeOnV1
 	case errors.Is(err, apikey.ErrRevoked):
 		ae = unauthorized("This API key has been revoked.")
 	case errors.Is(err, apikey.ErrExpired):
@@ -137,27 +152,27 @@ func (h *Handler) keyPrincipal(c *fiber.Ctx, secret string) (gateway.Principal, 
 	case errors.Is(err, apikey.ErrUnavailable):
 		// Not the caller's fault, and not a verdict on the key: a key
 		// seen recently is still served (apikey.StaleIfError).
-		return gateway.Principal{}, &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
+		return &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
 			code: "database_unavailable", msg: "The API key could not be checked: the database is unavailable. Try again shortly."}
 	default:
 		h.Log.Error("authenticate api key", "err", err)
-		return gateway.Principal{}, &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
+		return &authError{status: http.StatusServiceUnavailable, reason: "internal_error",
 			code: "internal_error", msg: "The API key could not be checked; try again."}
 	}
 	if h.Auth == nil {
-		return gateway.Principal{}, ae
+		return ae
 	}
 	now, addr := time.Now(), h.limitKey(c)
 	if h.Auth.Failures.Blocked(addr, now) {
-		return gateway.Principal{}, errKeysBlocked
+		return errKeysBlocked
 	}
 	blocked := h.Auth.Failures.Fail(addr, now)
 	h.Log.Warn("authentication failed", "kind", "api_key", "key_prefix", apikey.PublicPrefix(secret),
 		"reason", ae.msg, "remote", h.clientIP(c), "path", c.Path(), "now_blocked", blocked)
 	if limited := h.keyless(c); limited != nil {
-		return gateway.Principal{}, limited
+		return limited
 	}
-	return gateway.Principal{}, ae
+	return ae
 }
 
 // keyless counts a request without a valid credential against its

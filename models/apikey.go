@@ -9,8 +9,22 @@ import (
 	"gorm.io/gorm"
 )
 
-// APIKey is a key a program uses on /v1. Only the SHA-256 of the secret is
-// stored; Prefix is the readable start shown in lists.
+// Key scopes: what a key may call. A key's scope is chosen at its creation
+// and never changes.
+const (
+	// ScopeInference keys call /v1 (every key made before scopes existed).
+	ScopeInference = "inference"
+	// ScopeAdmin keys call /api/v1/admin and nothing else; only an admin's
+	// key may have it, and it works only while its owner is one.
+	ScopeAdmin = "admin"
+)
+
+// ValidScope reports whether s is one of the key scopes.
+func ValidScope(s string) bool { return s == ScopeInference || s == ScopeAdmin }
+
+// APIKey is a key a program uses on /v1 (or, with the admin scope, on
+// /api/v1/admin). Only the SHA-256 of the secret is stored; Prefix is the
+// readable start shown in lists.
 type APIKey struct {
 	ID     uint   `gorm:"primaryKey"`
 	UserID uint   `gorm:"index"`
@@ -18,7 +32,10 @@ type APIKey struct {
 	Name   string `gorm:"size:200"`
 	Prefix string `gorm:"size:32"`
 	Hash   string `gorm:"size:64;uniqueIndex"`
-	RPM    int    // per-key requests-per-minute override; 0 = the configured default
+	// Scope is ScopeInference or ScopeAdmin. The column's default makes
+	// the keys that predate it inference keys when it is added.
+	Scope string `gorm:"size:16;not null;default:inference"`
+	RPM   int    // per-key requests-per-minute override; 0 = the configured default
 	// Budget is what the key may spend per BudgetPeriod, in nano-units of
 	// the currency (internal/money); nil: no budget of its own.
 	Budget       *int64
@@ -29,6 +46,15 @@ type APIKey struct {
 	RevokedAt  *time.Time
 	LastUsedAt *time.Time
 	CreatedAt  time.Time
+}
+
+// KeyScope is the key's scope; a row read without the column (none should
+// be) counts as an inference key, the scope that can do the least harm.
+func (k *APIKey) KeyScope() string {
+	if k.Scope == "" {
+		return ScopeInference
+	}
+	return k.Scope
 }
 
 // Active reports whether the key may be used at time now.

@@ -53,6 +53,8 @@ type Key struct {
 	BudgetPeriod string
 	Models       string
 	Currency     string
+	// Scope is the key's scope: inference, or admin (/api/v1/admin only).
+	Scope string
 }
 
 // BudgetForm is the key's budget as its form shows it.
@@ -91,6 +93,8 @@ type KeyForm struct {
 	Name        string
 	ExpiresDays int
 	RPM         int
+	// Scope is "admin" for an admin-scoped key (admins only), else "".
+	Scope string
 }
 
 // Person is one row of the people list (/admin/people).

@@ -31,7 +31,9 @@ const devIDPPath = "/idp"
 // setupAuth mounts sign-in (with the embedded provider when no oidc section
 // is configured), the pages, /api and the static files, and fills h.Auth and
 // the handlers' limits on people and addresses.
-// Pages and /api accept only a login session; API keys work on /v1 alone.
+// Pages and /api accept only a login session; inference keys work on /v1
+// alone, admin-scoped keys on /api/v1/admin alone (adminAPIRoutes, mounted
+// before this).
 func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app := s.App
 	provider := auth.Provider{}

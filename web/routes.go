@@ -58,6 +58,8 @@ func (s *Server) routes(h *handlers.Handler) {
 	v1.Get("/responses/:id", h.StoredResponse)
 	v1.Delete("/responses/:id", h.StoredResponse)
 
+	s.adminAPIRoutes(h)
+
 	// The stop for people authenticates itself (session + CSRF header), so
 	// it does not depend on the /api group's middleware order.
 	app.Post("/api/v1/inference/stop", h.StopInference)

@@ -20,6 +20,13 @@
 // waiting on the database: a refresh runs in the background, and a key it
 // finds revoked, expired or disabled is refused from then on. A key with no
 // such read gets ErrUnavailable (503), never ErrUnknown.
+//
+// Every key has a scope (models.ScopeInference or models.ScopeAdmin),
+// chosen at its creation; Authenticate accepts inference keys only, so no
+// /v1 path can forget the check, and AuthenticateAdmin admin keys only.
+// An admin key is never served from the cache: each use reads it and its
+// owner, so that it stops working at once when its owner is no longer an
+// admin or is disabled, on every replica.
 package apikey
 
 import (
@@ -59,6 +66,22 @@ var (
 	// ErrUnavailable means the key could not be checked: the database
 	// failed and no recent read of the key is at hand. It means 503.
 	ErrUnavailable = errors.New("API key could not be checked: the database is unavailable")
+	// ErrWrongScope means the key is fine but has another scope than the
+	// endpoint takes (an admin key on /v1, an inference key on the admin
+	// API). It means 403.
+	ErrWrongScope = errors.New("API key has another scope")
+	// ErrNotAdmin means an admin-scoped key whose owner is no longer an
+	// admin. It means 403.
+	ErrNotAdmin = errors.New("API key owner is not an admin")
+)
+
+// Errors of creating a key.
+var (
+	// ErrScope is a scope that is not one of the key scopes.
+	ErrScope = errors.New("unknown key scope")
+	// ErrAdminScopeOwner refuses the admin scope for a key whose owner is
+	// not an admin (or is disabled).
+	ErrAdminScopeOwner = errors.New("only an admin's key may have the admin scope")
 )
 
 // StaleIfError is how old a key's last successful read may be and still be
@@ -102,6 +125,23 @@ func Create(ctx context.Context, db *gorm.DB, userID uint, name string, expires 
 // (models.Limits.Check), stored with the key in one row: the key never
 // exists without them.
 func CreateLimited(ctx context.Context, db *gorm.DB, userID uint, name string, expires time.Duration, rpm int, limits models.Limits) (secret string, key *models.APIKey, err error) {
+	return create(ctx, db, userID, models.ScopeInference, name, expires, rpm, limits)
+}
+
+// CreateScoped is CreateLimited for a key of the given scope, owned by
+// owner: the admin scope only for an admin who is not disabled
+// (ErrAdminScopeOwner). That is checked again at every use of the key.
+func CreateScoped(ctx context.Context, db *gorm.DB, owner *models.User, scope, name string, expires time.Duration, rpm int, limits models.Limits) (secret string, key *models.APIKey, err error) {
+	if !models.ValidScope(scope) {
+		return "", nil, fmt.Errorf("%w %q (want %s or %s)", ErrScope, scope, models.ScopeInference, models.ScopeAdmin)
+	}
+	if scope == models.ScopeAdmin && (!owner.Admin || owner.Disabled()) {
+		return "", nil, fmt.Errorf("%w: %s is not an admin", ErrAdminScopeOwner, owner.Email)
+	}
+	return create(ctx, db, owner.ID, scope, name, expires, rpm, limits)
+}
+
+func create(ctx context.Context, db *gorm.DB, userID uint, scope, name string, expires time.Duration, rpm int, limits models.Limits) (secret string, key *models.APIKey, err error) {
 	if limits, err = limits.Check(); err != nil {
 		return "", nil, err
 	}
@@ -115,7 +155,7 @@ func CreateLimited(ctx context.Context, db *gorm.DB, userID uint, name string, e
 	if err != nil {
 		return "", nil, err
 	}
-	key = &models.APIKey{UserID: userID, Name: strings.TrimSpace(name), Prefix: secret[:prefixLen], Hash: hash, RPM: rpm,
+	key = &models.APIKey{UserID: userID, Name: strings.TrimSpace(name), Prefix: secret[:prefixLen], Hash: hash, Scope: scope, RPM: rpm,
 		Budget: limits.Budget, BudgetPeriod: limits.BudgetPeriod, Models: limits.Models}
 	if expires > 0 {
 		at := time.Now().UTC().Add(expires)
@@ -199,9 +239,15 @@ func (s *Store) SetCacheTTL(ttl time.Duration) {
 	s.cmu.Unlock()
 }
 
-// Authenticate finds the active key for a secret.
+// wellFormed reports whether secret could be a key at all.
+func wellFormed(secret string) bool {
+	return strings.HasPrefix(secret, Prefix) && len(secret) >= prefixLen+8 && len(secret) <= 200
+}
+
+// Authenticate finds the active inference key for a secret (/v1). A valid
+// key of another scope gets ErrWrongScope.
 func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey, error) {
-	if !strings.HasPrefix(secret, Prefix) || len(secret) < prefixLen+8 || len(secret) > 200 {
+	if !wellFormed(secret) {
 		return nil, ErrMalformed
 	}
 	hash := Hash(secret)
@@ -257,7 +303,50 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 		return nil, ErrOwnerDisabled
 	}
 	if read {
+		// A key of another scope is cached too: its scope never changes,
+		// and a client retrying it on /v1 then costs no query.
 		s.remember(hash, key, gen, now.Add(ttl), ttl)
+	}
+	if key.KeyScope() != models.ScopeInference {
+		return nil, ErrWrongScope
+	}
+	s.mu.Lock()
+	s.lastUsed[key.ID] = now.UTC()
+	s.mu.Unlock()
+	return key, nil
+}
+
+// AuthenticateAdmin finds the active admin-scoped key for a secret (the
+// admin API), read from the database on every call, never from the cache,
+// with its owner: a key whose owner is no longer an admin gets ErrNotAdmin
+// at once, one whose owner is disabled ErrOwnerDisabled; a valid key of
+// another scope gets ErrWrongScope. There is no stale-if-error here: the
+// admin API cannot work without the database anyway.
+func (s *Store) AuthenticateAdmin(ctx context.Context, secret string) (*models.APIKey, error) {
+	if !wellFormed(secret) {
+		return nil, ErrMalformed
+	}
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	key, err := models.APIKeyByHash(ctx, s.db, Hash(secret))
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, ErrUnknown
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	now := time.Now()
+	switch {
+	case key.Status(now) == "revoked":
+		return nil, ErrRevoked
+	case key.Status(now) == "expired":
+		return nil, ErrExpired
+	case key.User.Disabled():
+		return nil, ErrOwnerDisabled
+	case key.KeyScope() != models.ScopeAdmin:
+		return nil, ErrWrongScope
+	case !key.User.Admin:
+		return nil, ErrNotAdmin
 	}
 	s.mu.Lock()
 	s.lastUsed[key.ID] = now.UTC()

@@ -19,8 +19,10 @@ Usage:
                                                or MOONJI_ENGINE_TOKEN)
   moonji keys create --owner EMAIL --name NAME [--expires DURATION] [--rpm N]
                     [--budget AMOUNT [--budget-period day|month|total]] [--models A,B]
+                    [--scope inference|admin]
                                                issue an API key (printed once, alone on stdout);
-                                               a budget's period is month unless given
+                                               a budget's period is month unless given; an admin-
+                                               scoped key (admin owners only) works on /api/v1/admin
   moonji keys list                             list keys
   moonji keys revoke ID                        revoke a key
   moonji usage export [--since TIME] [--format jsonl|csv]

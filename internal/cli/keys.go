@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"gorm.io/gorm"
+
 	"moonji/internal/apikey"
 	"moonji/internal/audit"
 	"moonji/models"
@@ -38,6 +40,7 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	rpm := fs.Int("rpm", 0, "requests per minute for this key (default: the configured limit)")
 	budget := addBudgetFlags(fs)
 	list := fs.String("models", "", "the models the key may use, comma-separated (default: all)")
+	scope := fs.String("scope", models.ScopeInference, "what the key may call: inference (/v1) or admin (/api/v1/admin; the owner must be an admin)")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -57,6 +60,9 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	if *rpm < 0 {
 		return fmt.Errorf("%w: --rpm must not be negative", ErrUsage)
 	}
+	if !models.ValidScope(*scope) {
+		return fmt.Errorf("%w: --scope must be %s or %s, got %q", ErrUsage, models.ScopeInference, models.ScopeAdmin, *scope)
+	}
 	limits, err := budget.limits()
 	if err != nil {
 		return err
@@ -69,11 +75,15 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer models.Close(db)
-	user, err := models.EnsureUser(ctx, db, *owner)
+	user, err := keyOwner(ctx, db, *owner, *scope)
 	if err != nil {
 		return err
 	}
-	secret, key, err := apikey.CreateLimited(ctx, db, user.ID, *name, lifetime, *rpm, limits)
+	secret, key, err := apikey.CreateScoped(ctx, db, user, *scope, *name, lifetime, *rpm, limits)
+	if errors.Is(err, apikey.ErrAdminScopeOwner) {
+		return fmt.Errorf("--scope admin: %s is not an admin (or is disabled); only an admin's key may have the admin scope "+
+			"(make them one with: moonji people add --email %s --admin)", user.Email, user.Email)
+	}
 	if err != nil {
 		return err
 	}
@@ -82,6 +92,21 @@ func keysCreate(ctx context.Context, args []string, stdout io.Writer) error {
 	// The key alone on one line: scripts capture it with $(…).
 	_, err = fmt.Fprintln(stdout, secret)
 	return err
+}
+
+// keyOwner is the person a new key is for: created when missing for an
+// inference key (an operator issues keys to people before they sign in),
+// but an admin key's owner must exist already, as an admin.
+func keyOwner(ctx context.Context, db *gorm.DB, email, scope string) (*models.User, error) {
+	if scope != models.ScopeAdmin {
+		return models.EnsureUser(ctx, db, email)
+	}
+	user, err := models.UserByEmail(ctx, db, email)
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, fmt.Errorf("--scope admin: there is no person %s; only an admin's key may have the admin scope "+
+			"(add them with: moonji people add --email %s --admin)", models.NormalizeEmail(email), models.NormalizeEmail(email))
+	}
+	return user, err
 }
 
 func keysList(ctx context.Context, args []string, stdout io.Writer) error {
@@ -102,14 +127,14 @@ func keysList(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPREFIX\tNAME\tOWNER\tSTATUS\tRPM\tBUDGET\tPERIOD\tMODELS\tCREATED\tEXPIRES\tLAST USED")
+	fmt.Fprintln(tw, "ID\tPREFIX\tNAME\tOWNER\tSCOPE\tSTATUS\tRPM\tBUDGET\tPERIOD\tMODELS\tCREATED\tEXPIRES\tLAST USED")
 	for _, k := range keys {
 		rpm := "default"
 		if k.RPM > 0 {
 			rpm = strconv.Itoa(k.RPM)
 		}
-		fmt.Fprintf(tw, "%d\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Name, k.User.Email,
-			k.Status(now), rpm, fmtBudget(k.Budget), fmtPeriod(k.BudgetPeriod), fmtModels(k.Models),
+		fmt.Fprintf(tw, "%d\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Name, k.User.Email,
+			k.KeyScope(), k.Status(now), rpm, fmtBudget(k.Budget), fmtPeriod(k.BudgetPeriod), fmtModels(k.Models),
 			fmtTime(&k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt))
 	}
 	return tw.Flush()
