@@ -81,14 +81,19 @@ func New(ctx context.Context, o Options) (*Tracer, error) {
 	if o.BatchTimeout > 0 {
 		bopts = append(bopts, sdktrace.WithBatchTimeout(o.BatchTimeout))
 	}
+	return newTracer(sdktrace.NewBatchSpanProcessor(exp, bopts...), o), nil
+}
+
+// newTracer is the Tracer of o whose spans go to sp.
+func newTracer(sp sdktrace.SpanProcessor, o Options) *Tracer {
 	res := resource.NewWithAttributes(semconv.SchemaURL,
 		semconv.ServiceName("moonji"), semconv.ServiceVersion(version()), semconv.ServiceInstanceID(o.Replica))
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp, bopts...),
+		sdktrace.WithSpanProcessor(sp),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.Ratio))),
 		sdktrace.WithResource(res),
 	)
-	return &Tracer{tp: tp, tracer: tp.Tracer("moonji/internal/tracing")}, nil
+	return &Tracer{tp: tp, tracer: tp.Tracer("moonji/internal/tracing")}
 }
 
 // version is the gateway's module version as the build recorded it.
