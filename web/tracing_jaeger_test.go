@@ -24,7 +24,13 @@ func jaegerBinary(t *testing.T) string {
 	if p := os.Getenv("MOONJI_JAEGER_BIN"); p != "" {
 		return p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// The first build takes minutes (make deps does it ahead); it gives up
+	// in time for the test to say why rather than be killed by go test.
+	deadline := time.Now().Add(20 * time.Minute)
+	if d, ok := t.Deadline(); ok {
+		deadline = d.Add(-90 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "../scripts/ensure-jaeger.sh")
 	var stderr strings.Builder
