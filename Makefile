@@ -24,6 +24,7 @@ test: deps build test-go test-image test-e2e
 deps: node_modules/.installed
 	@scripts/ensure-chromium.sh
 	@scripts/ensure-nginx.sh
+	@scripts/ensure-jaeger.sh >/dev/null
 
 node_modules/.installed: package.json package-lock.json
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund

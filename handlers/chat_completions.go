@@ -24,6 +24,11 @@ func (h *Handler) Inference(api proxy.API, maxBody int64) fiber.Handler {
 	return func(c *fiber.Ctx) (err error) {
 		call := gateway.Call{ID: gateway.NewInferenceID(), FreshID: true, Start: time.Now(), API: api}
 		SetRequestID(c, call.ID)
+		if h.Gateway.Tracing() {
+			// Read while the handler runs: the gateway starts the span (and
+			// drops these) before it returns or the request's row is written.
+			call.TraceParent, call.TraceState = c.Get("traceparent"), c.Get("tracestate")
+		}
 		// A panic before the gateway has the request still leaves its one
 		// row; inside the gateway, the gateway recovers it itself.
 		served := false

@@ -41,6 +41,7 @@ import (
 	"moonji/internal/retention"
 	"moonji/internal/spending"
 	"moonji/internal/stop"
+	"moonji/internal/tracing"
 	"moonji/models"
 )
 
@@ -67,6 +68,8 @@ type Server struct {
 	Leases    *lease.Store
 	// Health is each backend's passive health, by name.
 	Health map[string]*health.Checker
+	// Tracer exports the requests' spans (nil: tracing off).
+	Tracer *tracing.Tracer
 
 	log  *slog.Logger
 	keys *apikey.Store
@@ -335,11 +338,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Server, er
 	for _, b := range cfg.Backends {
 		backendList = append(backendList, backends[b.Name])
 	}
+	tracer, err := s.startTracing(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	s.Gateway = gateway.New(gateway.Options{
 		Routes: routes, Backends: backendList, Scheduler: s.Scheduler, Client: client, Ledger: s.Ledger, Metrics: s.Metrics,
 		Limiter: limiter, Limit: ratelimit.Limit{RequestsPerMinute: cfg.RateLimit.RequestsPerMinute, TokensPerMinute: cfg.RateLimit.TokensPerMinute},
 		Stops: s.Stops, Replica: cfg.ReplicaID, StreamWriteTimeout: cfg.StreamWriteTimeout, Keepalive: cfg.Keepalive(), Log: log,
-		Policies: s.Policies, Budgets: s.Budgets, Currency: cfg.Currency,
+		Policies: s.Policies, Budgets: s.Budgets, Currency: cfg.Currency, Tracer: tracer,
 	})
 	s.initReloads(routes, auditLog)
 

@@ -110,6 +110,9 @@ type Config struct {
 	Engine Engine `yaml:"engine"`
 	// Retention: how long usage rows and conversations are kept.
 	Retention Retention `yaml:"retention"`
+	// Tracing exports OpenTelemetry traces of /v1 requests (tracing.go);
+	// off unless an endpoint is set.
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // Link tunes the connection of an `engine` backend: the queue that holds
@@ -687,6 +690,7 @@ func (c *Config) Validate() error {
 	if n := c.Attachments.MaxPerMessage; n < 1 || n > MaxAttachmentsPerLimit {
 		bad("attachments.max_per_message", "must be between 1 and %d, got %d", MaxAttachmentsPerLimit, n)
 	}
+	c.Tracing.validate(bad)
 	backends := map[string]bool{}
 	for i, b := range c.Backends {
 		key := fmt.Sprintf("backends[%d]", i)

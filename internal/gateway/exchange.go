@@ -49,6 +49,8 @@ type exchange struct {
 	// its cost at finish.
 	budget *budget.Reservation
 	row    models.Usage
+	// responseModel is the model the engine's answer names (traces).
+	responseModel string
 	// begun receives the result of the pending row's write; start sets it.
 	// A request refused before it ever waited has no pending row: its one
 	// row is written final (Record) at finish.
@@ -98,12 +100,14 @@ func (x *exchange) run(body []byte) *Response {
 	// the watch on its client, its registration for Stop — is set up when
 	// it starts to wait in the queue or once it holds its slot. A request
 	// refused at once needs none of it.
+	x.call.span.BeginQueue(x.route.Pool.Name())
 	slot, err := x.route.Pool.Acquire(x.ctx, admission.AcquireOptions{Queued: x.start})
 	if err != nil {
 		if x.hasBegun {
 			// It waited in the queue until it was refused or left.
 			x.row.QueueMs = time.Since(x.queuedAt).Milliseconds()
 		}
+		x.call.span.EndQueue("", time.Duration(x.row.QueueMs)*time.Millisecond)
 		return x.admissionFailed(err)
 	}
 	x.take(slot) // before start: a pending row names the backend it runs on
@@ -111,6 +115,9 @@ func (x *exchange) run(body []byte) *Response {
 		x.sent = true
 		var resp *http.Response
 		written := false
+		// The engine link carries no headers: its span is the call's all
+		// the same, and the engine gets no traceparent.
+		traceparent := x.beginEngine()
 		if link := x.backend.Link; link != nil {
 			x.start()
 			written = true // handed to the link, which sends it or fails it
@@ -122,7 +129,7 @@ func (x *exchange) run(body []byte) *Response {
 			// rather than before, so that they do not delay a stream's
 			// first byte. They are in place before the answer is read, so
 			// before the client can see the inference id.
-			resp, err = g.client.PostSent(x.ctx, x.backend.Upstream, x.up, body, func() {
+			resp, err = g.client.PostSentTraced(x.ctx, x.backend.Upstream, x.up, body, traceparent, func() {
 				written = true
 				x.start()
 			})
@@ -132,6 +139,9 @@ func (x *exchange) run(body []byte) *Response {
 			x.silentPastTimeout(written)
 		}
 		if reason := x.failedBeforeAnswer(resp, err); reason != "" {
+			if x.call.span != nil {
+				x.call.span.EndEngine(statusOf(resp), reason)
+			}
 			retried, refused := x.retry(reason, resp)
 			if refused != nil {
 				return refused // the retry got no slot
@@ -141,6 +151,7 @@ func (x *exchange) run(body []byte) *Response {
 			}
 		}
 		if err != nil {
+			x.endEngine(nil, err)
 			return x.upstreamFailed(err)
 		}
 		ct := resp.Header.Get("Content-Type")
@@ -156,6 +167,10 @@ func (x *exchange) run(body []byte) *Response {
 			// An open stream holds its exchange for as long as it runs:
 			// the engine's headers are read, so they go now.
 			resp.Header = nil
+			if x.call.span != nil {
+				x.call.span.EndEngine(resp.StatusCode, "")
+				x.call.span.BeginStream()
+			}
 			ready := frameBuffered(resp.Body)
 			return &Response{Status: http.StatusOK, ContentType: ct, Header: x.streamHeader(),
 				BodyStream: x.keptAlive(&guardedStream{s: x.stream(resp), x: x, body: resp.Body}), HeaderWithFirstFrame: ready}
@@ -240,6 +255,12 @@ func (x *exchange) whole(resp *http.Response) *Response {
 	// returns, and a body closed after that cannot give its connection
 	// back for reuse.
 	resp.Body.Close()
+	if x.call.span != nil {
+		x.endEngine(resp, err)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			x.responseModel = gjson.GetBytes(data, "model").Str
+		}
+	}
 	if err != nil {
 		if context.Cause(x.ctx) == nil {
 			x.backendFailed("the answer broke off")
@@ -349,6 +370,10 @@ func (x *exchange) stream(resp *http.Response) *proxy.Stream {
 	}
 	s.Done = func(res *proxy.RelayResult, delivered bool) {
 		proxy.CloseAnswer(resp.Body, res.Ended)
+		if x.call.span != nil {
+			x.responseModel = res.Model
+			x.call.span.EndStream(res.ContentChunks, x.firstTok)
+		}
 		// The deadline stays for the closing bytes; the next request on the
 		// connection starts without it (web's clearWriteDeadline).
 		if !decided {

@@ -25,6 +25,7 @@ import (
 	"moonji/internal/ratelimit"
 	"moonji/internal/spending"
 	"moonji/internal/stop"
+	"moonji/internal/tracing"
 	"moonji/models"
 )
 
@@ -82,6 +83,8 @@ type Gateway struct {
 	// people holds the requests running or queued here by person, so
 	// that a person whose access is withdrawn loses them (EndPerson).
 	people *fairshare.Holds
+	// tracer makes the requests' spans (nil: tracing is off; trace.go).
+	tracer *tracing.Tracer
 }
 
 // table is what a configuration decides: the routes by model, the models in
@@ -160,13 +163,16 @@ type Options struct {
 	Policies *spending.Resolver
 	Budgets  *budget.Store
 	Currency string
+	// Tracer, when set, traces each request (nil: off).
+	Tracer *tracing.Tracer
 }
 
 // New returns a Gateway.
 func New(o Options) *Gateway {
 	g := &Gateway{client: o.Client, ledger: o.Ledger, metrics: o.Metrics,
 		limiter: o.Limiter, stops: o.Stops, replica: o.Replica, stall: o.StreamWriteTimeout, keepalive: o.Keepalive, log: o.Log,
-		sched: o.Scheduler, people: fairshare.New(0), policies: o.Policies, budgets: o.Budgets, currency: o.Currency}
+		sched: o.Scheduler, people: fairshare.New(0), policies: o.Policies, budgets: o.Budgets, currency: o.Currency,
+		tracer: o.Tracer}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -240,6 +246,12 @@ type Call struct {
 	// before admission (bad body, unknown model, rate limit) does not call
 	// it: its Response says everything.
 	OnEnd func(End)
+	// TraceParent and TraceState are the client's W3C trace-context
+	// headers, read only when the gateway traces (Tracing): its span is
+	// then their child. Not kept once the span has started.
+	TraceParent, TraceState string
+	// span is the request's trace, from Serve (or the refusal) on.
+	span *tracing.Request
 }
 
 // End is how an admitted request ended.

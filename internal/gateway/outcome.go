@@ -48,6 +48,8 @@ func (g *Gateway) reject(call Call, model string, status int, reason string, e a
 	// The row last: a panic before it leaves the request without one,
 	// which recovered then writes, never two.
 	g.ledger.Record(row)
+	g.traced(&call) // refused before Serve (a bad key, a body too large)
+	endSpan(call.span, &row, "")
 	return e.response(status, hdr)
 }
 
@@ -516,4 +518,5 @@ func (x *exchange) record() {
 	} else {
 		x.g.ledger.Record(x.row)
 	}
+	endSpan(x.call.span, &x.row, x.responseModel)
 }

@@ -39,6 +39,8 @@ func (g *Gateway) recovered(call Call, x *exchange, p any) *Response {
 		row.DurationMs = time.Since(call.Start).Milliseconds()
 		call.endStop(row.Outcome)
 		g.ledger.Record(row)
+		g.traced(&call)
+		endSpan(call.span, &row, "")
 		return errorResponse(http.StatusInternalServerError, msg, "server_error", "internal_error", nil)
 	}
 	x.panicked()

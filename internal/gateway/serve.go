@@ -28,6 +28,7 @@ func (g *Gateway) ChatCompletions(call Call) *Response { return g.Serve(proxy.AP
 // API goes through the same admission, ledger, cancellation and Stop.
 func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	call.API = api
+	g.traced(&call)
 	// A panic while this request is served fails it alone (recovered).
 	var x *exchange
 	defer func() {
@@ -39,6 +40,7 @@ func (g *Gateway) Serve(api proxy.API, call Call) (resp *Response) {
 	if err != nil {
 		return g.reject(call, "", http.StatusBadRequest, "invalid_request", badRequest(err), nil)
 	}
+	call.span.SetModel(req.Model)
 	policy, refused := g.policy(call, req.Model)
 	if refused != nil {
 		return refused
@@ -187,6 +189,7 @@ func (x *exchange) take(slot *admission.Slot) {
 	x.backend = x.route.backend(slot.Backend())
 	x.row.Backend = x.backend.Name
 	x.row.QueueMs += slot.Waited().Milliseconds()
+	x.call.span.EndQueue(x.backend.Name, slot.Waited())
 	x.g.metrics.Backend(x.backend.Name).QueueWait.Observe(slot.Waited().Seconds())
 }
 
@@ -280,8 +283,10 @@ func (x *exchange) retry(reason string, resp *http.Response) (retried bool, refu
 	x.g.log.Warn("backend failed before answering; retrying on another", "backend", failed, "reason", reason,
 		"model", x.route.Model, "inference_id", x.call.ID)
 	// The retry keeps the request's place among those that came after it.
+	x.call.span.BeginQueue(x.route.Pool.Name())
 	slot, err := x.route.Pool.Acquire(x.ctx, admission.AcquireOptions{Exclude: failed, Arrival: x.call.Start})
 	if err != nil {
+		x.call.span.EndQueue("", 0)
 		return false, x.admissionFailed(err)
 	}
 	x.take(slot)

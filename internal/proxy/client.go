@@ -78,18 +78,18 @@ func (e *UpstreamError) Unwrap() error { return e.Err }
 // ChatCompletions posts body to the engine's /chat/completions. The caller
 // closes the response body; cancelling ctx aborts the engine's request.
 func (c *Client) ChatCompletions(ctx context.Context, up Upstream, body []byte) (*http.Response, error) {
-	return c.do(ctx, up, http.MethodPost, "/chat/completions", body, nil)
+	return c.do(ctx, up, http.MethodPost, "/chat/completions", body, "", nil)
 }
 
 // Do sends a request without a body (GET, DELETE) to path under the
 // engine's base URL.
 func (c *Client) Do(ctx context.Context, up Upstream, method, path string) (*http.Response, error) {
-	return c.do(ctx, up, method, path, nil, nil)
+	return c.do(ctx, up, method, path, nil, "", nil)
 }
 
 // Post posts body to the engine's endpoint of api.
 func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*http.Response, error) {
-	return c.do(ctx, up, http.MethodPost, api.Path(), body, nil)
+	return c.do(ctx, up, http.MethodPost, api.Path(), body, "", nil)
 }
 
 // PostSent is Post, calling sent once the whole request is written and
@@ -99,19 +99,25 @@ func (c *Client) Post(ctx context.Context, up Upstream, api API, body []byte) (*
 // when it is written a second time (once more, on a new connection, after
 // a kept-alive one turned out closed): it must bear that.
 func (c *Client) PostSent(ctx context.Context, up Upstream, api API, body []byte, sent func()) (*http.Response, error) {
-	return c.do(ctx, up, http.MethodPost, api.Path(), body, sent)
+	return c.do(ctx, up, http.MethodPost, api.Path(), body, "", sent)
 }
 
-func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte, sent func()) (*http.Response, error) {
+// PostSentTraced is PostSent with a W3C traceparent header (when not
+// empty): the engine's own spans, if it traces, join the gateway's trace.
+func (c *Client) PostSentTraced(ctx context.Context, up Upstream, api API, body []byte, traceparent string, sent func()) (*http.Response, error) {
+	return c.do(ctx, up, http.MethodPost, api.Path(), body, traceparent, sent)
+}
+
+func (c *Client) do(ctx context.Context, up Upstream, method, path string, body []byte, traceparent string, sent func()) (*http.Response, error) {
 	tg, err := c.t.target(up.BaseURL, up.RootCAs)
 	if err != nil {
 		return nil, &UpstreamError{Status: http.StatusBadGateway, Backend: up.Name, Err: fmt.Errorf("base URL %q: %w", up.BaseURL, err)}
 	}
-	if !validToken(path) || !validToken(up.APIKey) {
-		return nil, fmt.Errorf("build request for backend %s: a control character or space in the path or key", up.Name)
+	if !validToken(path) || !validToken(up.APIKey) || !validToken(traceparent) {
+		return nil, fmt.Errorf("build request for backend %s: a control character or space in the path, key or traceparent", up.Name)
 	}
 	hb := headerBufs.Get().(*[]byte)
-	header := requestHeader((*hb)[:0], method, tg, path, up.APIKey, len(body))
+	header := requestHeader((*hb)[:0], method, tg, path, up.APIKey, traceparent, len(body))
 	resp, err := c.t.roundTrip(ctx, tg, method, header, body, sent)
 	*hb = header
 	headerBufs.Put(hb)

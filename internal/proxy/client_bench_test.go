@@ -84,7 +84,7 @@ func BenchmarkEngineClient(b *testing.B) {
 			up := Upstream{Name: "bench", BaseURL: srv.URL}
 			b.ReportAllocs()
 			for b.Loop() {
-				resp, err := c.do(context.Background(), up, http.MethodPost, path, benchBody, nil)
+				resp, err := c.do(context.Background(), up, http.MethodPost, path, benchBody, "", nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -463,7 +463,7 @@ func drainArrived(ec *engineConn, rest io.Reader, wait time.Duration) bool {
 }
 
 // requestHeader is the request line and headers of a call to an engine.
-func requestHeader(dst []byte, method string, tg *target, path, apiKey string, contentLength int) []byte {
+func requestHeader(dst []byte, method string, tg *target, path, apiKey, traceparent string, contentLength int) []byte {
 	dst = append(dst, method...)
 	dst = append(dst, ' ')
 	dst = append(dst, tg.path...)
@@ -474,6 +474,11 @@ func requestHeader(dst []byte, method string, tg *target, path, apiKey string, c
 	if apiKey != "" {
 		dst = append(dst, "Authorization: Bearer "...)
 		dst = append(dst, apiKey...)
+		dst = append(dst, "\r\n"...)
+	}
+	if traceparent != "" {
+		dst = append(dst, "Traceparent: "...)
+		dst = append(dst, traceparent...)
 		dst = append(dst, "\r\n"...)
 	}
 	if contentLength > 0 || method == http.MethodPost {

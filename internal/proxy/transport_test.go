@@ -722,7 +722,7 @@ func TestTransportWriteAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ec.Conn.Close()
-	header := requestHeader(nil, http.MethodPost, tg, "/chat/completions", "", 2)
+	header := requestHeader(nil, http.MethodPost, tg, "/chat/completions", "", "", 2)
 	body := []byte("{}")
 	got := make([]byte, len(answer))
 	exchange := func() {
