@@ -190,7 +190,7 @@ func TestAdminKeysAPILifecycle(t *testing.T) {
 		wantError(t, "id not a number", status, obj, text, http.StatusNotFound, "not_found", "")
 
 		// The audit log: who (the admin, with their key), what, from where.
-		target := fmt.Sprintf("key %d (ci) of worker@example.com", id)
+		target := fmt.Sprintf(`key %d "ci" of worker@example.com`, id)
 		for action, want := range map[string][]string{
 			audit.KeyCreate:    {"scope inference", "models m1", "budget 5.000000"},
 			audit.KeyUpdate:    {`name "ci" → "ci-2"`, "rpm default → 1"},
@@ -206,7 +206,7 @@ func TestAdminKeysAPILifecycle(t *testing.T) {
 			for _, r := range rows {
 				all += r.Detail + "\n"
 				if r.ActorID != adminRow.UserID || r.Actor != "boss@example.com" || r.KeyID != adminRow.ID || r.Address != "127.0.0.1" ||
-					!strings.HasPrefix(r.Target, fmt.Sprintf("key %d (", id)) || !strings.HasSuffix(r.Target, "of worker@example.com") {
+					!strings.HasPrefix(r.Target, fmt.Sprintf(`key %d "`, id)) || !strings.HasSuffix(r.Target, "of worker@example.com") {
 					t.Errorf("%s event: %+v", action, r)
 				}
 				if strings.Contains(r.Detail+r.Target, secret[11:]) || strings.Contains(r.Detail+r.Target, adminSecret[11:]) {
