@@ -135,9 +135,12 @@ test.describe('openai SDK against the gateway', () => {
       if (chunk.choices[0]?.delta?.content) n++;
       if (n === 3) controller.abort();
     }
-    // The SDK's loop ends quietly after abort (see field notes).
+    // The SDK's loop ends quietly after abort (see field notes). A chunk
+    // that arrived in the same read as the third may still be yielded; the
+    // answer's 500 tokens are not.
     expect(controller.signal.aborted).toBe(true);
-    expect(n).toBe(3);
+    expect(n).toBeGreaterThanOrEqual(3);
+    expect(n).toBeLessThan(20);
   });
 
   test('a stop through /v1/inferences/{id}/cancel ends the SDK stream cleanly, with usage', async () => {

@@ -62,6 +62,8 @@ async function checkViews(page: Page, shot: string, before?: (name: string) => P
 }
 
 test('pin and move to a folder by keyboard, drag into a folder, filter the history by folder', async ({ page }) => {
+  // Several pages, each checked by axe in three modes: slow on a busy machine.
+  test.setTimeout(120_000);
   const stamp = Date.now().toString(36);
   const names = ['Alpha plans', 'Beta notes', 'Gamma trip', 'Delta recipe', 'Epsilon code'].map((n) => `${n} ${stamp}`);
   const ids: Record<string, string> = {};

@@ -28,6 +28,8 @@ test.beforeEach(async ({ page }) => {
 });
 
 test('edit and regenerate add versions; the arrows switch the path shown; the engine receives only that path', async ({ page }) => {
+  // Many answers and axe in three modes: slow on a busy machine.
+  test.setTimeout(120_000);
   await send(page, 'Alpha question', 'moonji-demo');
   await answered(page, 1);
   await send(page, 'Beta question');
