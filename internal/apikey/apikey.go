@@ -326,9 +326,19 @@ func (s *Store) AuthenticateAdmin(ctx context.Context, secret string) (*models.A
 	if !wellFormed(secret) {
 		return nil, ErrMalformed
 	}
+	hash := Hash(secret)
+	// A scope never changes: an inference key this replica has cached is
+	// refused without a query, so a flood of them costs the database
+	// nothing.
+	s.cmu.RLock()
+	c, hit := s.cache[hash]
+	s.cmu.RUnlock()
+	if hit && c.key.KeyScope() != models.ScopeAdmin {
+		return nil, ErrWrongScope
+	}
 	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	defer cancel()
-	key, err := models.APIKeyByHash(ctx, s.db, Hash(secret))
+	key, err := models.APIKeyByHash(ctx, s.db, hash)
 	if errors.Is(err, models.ErrNotFound) {
 		return nil, ErrUnknown
 	}

@@ -96,6 +96,21 @@ func TestScopes(t *testing.T) {
 		if _, err := store.AuthenticateAdmin(ctx, admin); !errors.Is(err, ErrRevoked) {
 			t.Errorf("revoked: %v", err)
 		}
+
+		// An inference key this replica has cached is refused on the admin
+		// API without a query: with the database gone, still ErrWrongScope
+		// (an admin key would need the database, and fail for want of it).
+		sqlDB, err := db.DB()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sqlDB.Close()
+		if _, err := store.AuthenticateAdmin(ctx, plain); !errors.Is(err, ErrWrongScope) {
+			t.Errorf("cached inference key on the admin API with the database closed: %v", err)
+		}
+		if _, err := store.AuthenticateAdmin(ctx, admin); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("admin key with the database closed: %v", err)
+		}
 	})
 }
 
