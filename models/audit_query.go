@@ -134,6 +134,15 @@ const auditNoUpdateTrigger = "audit_events_no_update"
 // migrateAudit installs auditNoUpdateTrigger, on SQLite and PostgreSQL.
 func migrateAudit(db *gorm.DB) error {
 	if db.Dialector.Name() != "postgres" {
+		// Looked for first: a migration of an up-to-date schema runs no DDL.
+		var n int64
+		if err := db.Raw("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name = ?", auditNoUpdateTrigger).
+			Scan(&n).Error; err != nil {
+			return fmt.Errorf("look for the audit trigger: %w", err)
+		}
+		if n > 0 {
+			return nil
+		}
 		err := db.Exec("CREATE TRIGGER IF NOT EXISTS " + auditNoUpdateTrigger +
 			" BEFORE UPDATE ON audit_events BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END").Error
 		if err != nil {

@@ -21,12 +21,17 @@ func open(t *testing.T) *Ledger {
 	return openAt(t, "sqlite://"+t.TempDir()+"/l.db")
 }
 
-// openAt is a ledger over the database dbURL names (testdb's).
-func openAt(t *testing.T, dbURL string) *Ledger {
+// openAt is a ledger over the database dbURL names (testdb's); before
+// runs on the database before the ledger's goroutines start (gorm's
+// callbacks may not be registered while the database is in use).
+func openAt(t *testing.T, dbURL string, before ...func(*gorm.DB)) *Ledger {
 	t.Helper()
 	db, err := models.Open(dbURL)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range before {
+		f(db)
 	}
 	l := New(db, nil)
 	t.Cleanup(func() { l.Close(); models.Close(db) })
@@ -158,24 +163,21 @@ func TestCloseDrains(t *testing.T) {
 	})
 }
 
-// countStatements counts the INSERT and UPDATE statements the ledger runs.
-func countStatements(t *testing.T, l *Ledger) (inserts, updates *atomic.Int64) {
-	t.Helper()
-	inserts, updates = new(atomic.Int64), new(atomic.Int64)
+// countStatements counts the INSERT and UPDATE statements run on db.
+func countStatements(db *gorm.DB, inserts, updates *atomic.Int64) {
 	// The rollup's statements (one per table per batch) are counted apart.
-	l.db.Callback().Create().Before("gorm:create").Register("count_insert", func(db *gorm.DB) {
+	db.Callback().Create().Before("gorm:create").Register("count_insert", func(db *gorm.DB) {
 		if db.Statement.Table == "usages" {
 			inserts.Add(1)
 		}
 	})
-	l.db.Callback().Update().Before("gorm:update").Register("count_update", func(*gorm.DB) { updates.Add(1) })
+	db.Callback().Update().Before("gorm:update").Register("count_update", func(*gorm.DB) { updates.Add(1) })
 	// Rows go in as JSON, through Exec (rowsjson.go).
-	l.db.Callback().Raw().Before("gorm:raw").Register("count_raw", func(db *gorm.DB) {
+	db.Callback().Raw().Before("gorm:raw").Register("count_raw", func(db *gorm.DB) {
 		if strings.HasPrefix(db.Statement.SQL.String(), "INSERT ") && strings.Contains(db.Statement.SQL.String(), " INTO usages ") {
 			inserts.Add(1)
 		}
 	})
-	return inserts, updates
 }
 
 // A batch costs a few statements, not one per row: multi-row INSERTs for
@@ -184,8 +186,8 @@ func countStatements(t *testing.T, l *Ledger) (inserts, updates *atomic.Int64) {
 // (pgStatementRows), whatever their number.
 func TestBatchIsAFewStatements(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, dbURL string) {
-		l := openAt(t, dbURL)
-		inserts, updates := countStatements(t, l)
+		inserts, updates := new(atomic.Int64), new(atomic.Int64)
+		l := openAt(t, dbURL, func(db *gorm.DB) { countStatements(db, inserts, updates) })
 		const n = 100
 		want := int64(4) // PostgreSQL: 32 + 32 + 32 + 4
 		if l.db.Dialector.Name() == "sqlite" {
