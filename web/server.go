@@ -598,6 +598,10 @@ func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (in
 	return models.SpentSince(ctx, s.db, string(l.Scope), l.ID, since)
 }
 
+// retentionDelay is how long after start the retention job first runs (0:
+// its default, a minute); tests shorten it (SetRetentionDelay).
+var retentionDelay time.Duration
+
 // startRetention starts this replica's retention job (internal/retention)
 // when the configuration keeps usage or conversations for a limited time.
 // More tables pruned at the usage age (the audit log) join
@@ -605,7 +609,7 @@ func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (in
 func (s *Server) startRetention() {
 	cfg := s.Config.Retention
 	s.Retention = &retention.Job{DB: s.DB, Usage: cfg.Usage.Duration(), Conversations: cfg.Conversations.Duration(),
-		Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention")}
+		Delay: retentionDelay, Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention")}
 	if !s.Retention.Enabled() {
 		return
 	}
