@@ -92,7 +92,7 @@ func (r rollupRange) apply(tx *gorm.DB) error {
 			cols: map[string]string{"metric": "'" + metricQueue + "'", "bucket": "queue"}, filter: "queue IS NOT NULL"},
 	}
 	for _, s := range stmts {
-		if err := s.exec(tx); err != nil {
+		if err := s.exec(tx, pg); err != nil {
 			return err
 		}
 	}
@@ -106,7 +106,7 @@ func (r rollupRange) apply(tx *gorm.DB) error {
 }
 
 // exec adds the batch's sums to one table.
-func (s rollupStatement) exec(tx *gorm.DB) error {
+func (s rollupStatement) exec(tx *gorm.DB, pg bool) error {
 	var sources []string
 	for _, span := range []struct{ name, col string }{{SpanDay, "day"}, {SpanHour, "hour"}} {
 		sel := []string{"'" + span.name + "' AS span", span.col + " AS start"}
@@ -136,9 +136,18 @@ func (s rollupStatement) exec(tx *gorm.DB) error {
 	// Rows are added in key order (ORDER BY), as Rollup.Apply does, so
 	// that the ledger's writer adding to the same rows cannot deadlock
 	// with the backfill on PostgreSQL.
+	// Apply sorts strings bytewise: so does COLLATE "C" on PostgreSQL,
+	// whatever the database's collation (SQLite's is bytewise already).
 	keys := strings.Join(s.key, ", ")
+	order := make([]string, len(s.key))
+	for i, k := range s.key {
+		order[i] = k
+		if pg && (k == "span" || k == "model" || k == "outcome" || k == "metric") {
+			order[i] += ` COLLATE "C"`
+		}
+	}
 	sql := "INSERT INTO " + s.table + " (" + keys + ", " + strings.Join(targets, ", ") + ") SELECT " + keys + ", " + strings.Join(values, ", ") +
-		" FROM (" + strings.Join(sources, " UNION ALL ") + ") AS rows WHERE true GROUP BY " + keys + " ORDER BY " + keys +
+		" FROM (" + strings.Join(sources, " UNION ALL ") + ") AS rows WHERE true GROUP BY " + keys + " ORDER BY " + strings.Join(order, ", ") +
 		" ON CONFLICT (" + keys + ") DO UPDATE SET " + strings.Join(updates, ", ")
 	if err := tx.Exec(sql).Error; err != nil {
 		return fmt.Errorf("add a batch of the ledger to the %s: %w", s.what, err)
