@@ -13,8 +13,10 @@ import (
 // backfillBatch is how many ledger rows one transaction of the rollup's
 // backfill reads: on a ledger of ten million rows, one transaction for all
 // of them held SQLite's write lock (and PostgreSQL's lock on the rollup)
-// for minutes, and an interrupted start began again from nothing.
-const backfillBatch = 5000
+// for minutes, and an interrupted start began again from nothing. Added
+// in the database (backfillOnce), a batch of 50,000 takes about a second
+// on a loaded 2-core machine.
+const backfillBatch = 50_000
 
 // backfillBatchDone, when set (tests), is called after each batch.
 var backfillBatchDone func()
@@ -67,8 +69,13 @@ func backfillRollup(ctx context.Context, db *gorm.DB, batch int) error {
 	}
 }
 
-// backfillOnce adds the next batch of rows to the rollup; done when the
-// ledger has no more.
+// backfillOnce adds the next batch of ledger rows to the rollup, set-based:
+// it finds where the batch ends (the batch-th row after the cursor), then
+// one INSERT … SELECT … GROUP BY per rollup table adds the batch's sums in
+// the database (Rollup.Add's twin in SQL: rollup_sql.go), and the cursor moves
+// in the same transaction. Reading each row into Go and adding it there
+// went at ~5,000 rows/s: 33 minutes of start-up for ten million rows.
+// done when the ledger has no more rows after this batch.
 func backfillOnce(ctx context.Context, db *gorm.DB, batch int) (n int64, done bool, err error) {
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		q := tx.Where("name = ?", progressRollupBackfill)
@@ -84,31 +91,36 @@ func backfillOnce(ctx context.Context, db *gorm.DB, batch int) (n int64, done bo
 			done = true
 			return nil
 		}
-		var rows []Usage
 		// created_at >= ? lets both databases range over created_at's
 		// index; the row value orders ties.
-		err := tx.Where("created_at >= ? AND (created_at, inference_id) > (?, ?)", p.At.UTC(), p.At.UTC(), p.Key).
-			Order("created_at, inference_id").Limit(batch).Find(&rows).Error
-		if err != nil {
-			return fmt.Errorf("read the ledger: %w", err)
+		var last []struct {
+			CreatedAt   time.Time
+			InferenceID string
 		}
-		r := NewRollup()
-		r.hourlyFrom = time.Now().Add(-KeepHours)
-		for i := range rows {
-			u := &rows[i]
-			if u.FinishedAt == nil || u.FinishedAt.Before(p.Until) {
-				r.Add(u) // pending rows are skipped by Add
+		err := tx.Model(&Usage{}).Select("created_at, inference_id").
+			Where("created_at >= ? AND (created_at, inference_id) > (?, ?)", p.At.UTC(), p.At.UTC(), p.Key).
+			Order("created_at, inference_id").Limit(1).Offset(batch - 1).Find(&last).Error
+		if err != nil {
+			return fmt.Errorf("find the end of the batch: %w", err)
+		}
+		r := rollupRange{after: p.At.UTC(), afterKey: p.Key, finishedBefore: p.Until.UTC(), hourlyFrom: time.Now().UTC().Add(-KeepHours)}
+		if len(last) > 0 {
+			r.through, r.throughKey = last[0].CreatedAt.UTC(), last[0].InferenceID
+			n = int64(batch)
+		} else {
+			// The last batch: everything after the cursor.
+			if err := r.where(tx.Model(&Usage{})).Count(&n).Error; err != nil {
+				return fmt.Errorf("count the last batch: %w", err)
 			}
 		}
-		if err := r.Apply(tx); err != nil {
+		if err := r.apply(tx); err != nil {
 			return err
 		}
-		if len(rows) > 0 {
-			last := rows[len(rows)-1]
-			p.At, p.Key = last.CreatedAt.UTC(), last.InferenceID
+		if len(last) > 0 {
+			p.At, p.Key = r.through, r.throughKey
 		}
-		p.Done = len(rows) < batch
-		n, done = int64(len(rows)), p.Done
+		p.Done = len(last) == 0
+		done = p.Done
 		return saveProgress(tx, &p)
 	})
 	return n, done, err

@@ -4,11 +4,13 @@ package web_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,15 +31,19 @@ import (
 // through MOONJI_TEST_POSTGRES_DSN); the schema migration on it timed (the
 // rollup's backfill walks every row, in resumable batches); then the
 // gateway serves MOONJI_BENCH_RPS (default 500) non-streaming requests a
-// second against the mock engine for MOONJI_BENCH_SECONDS (default 20)
-// without retention, and again while a retention run deletes the old half;
-// p99 both ways, the run's time and the disk before and after.
+// second against the mock engine in interleaved windows of
+// MOONJI_BENCH_SECONDS (default 15): without retention, then while a
+// retention run deletes the old half (cancelled at the window's end; it
+// resumes in the next), MOONJI_BENCH_PAIRS times (default 3) for each
+// batch/pause setting of MOONJI_BENCH_RETENTION (default the job's); the
+// run then finishes without load. p50/p99 of each window and of all, the
+// machine's load average, the run's time and the disk before and after.
 //
 //	MOONJI_BENCH_ROWS=10000000 go test -tags bench ./web -run '^$' -bench Retention -benchtime 1x -timeout 3h
 func BenchmarkRetention(b *testing.B) {
 	rows := envInt("MOONJI_BENCH_ROWS", 10_000_000)
 	rps := envInt("MOONJI_BENCH_RPS", 500)
-	secs := envInt("MOONJI_BENCH_SECONDS", 20)
+	secs := envInt("MOONJI_BENCH_SECONDS", 15)
 	kind := os.Getenv("MOONJI_BENCH_DB")
 	if kind == "" {
 		kind = "sqlite"
@@ -103,48 +109,79 @@ func BenchmarkRetention(b *testing.B) {
 	client := benchClient()
 	body := `{"model":"m1","max_tokens":16,"messages":[{"role":"user","content":"Hello there"}]}`
 	spec := loadSpec{URL: env.URL + "/v1/chat/completions", Key: env.Key, Body: body, RPS: rps, Want: http.StatusOK}
+	settings := retentionSettings(b)
+	pairs := envInt("MOONJI_BENCH_PAIRS", 3)
+	window := time.Duration(secs) * time.Second
 	for b.Loop() {
 		openLoop(client, spec.with(2*time.Second))
-		base := openLoop(client, spec.with(time.Duration(secs)*time.Second))
-
-		job := &retention.Job{DB: env.DB, Usage: keep, Log: quietLog()}
-		var res retention.Result
-		var runErr error
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			res, runErr = job.RunOnce(ctx)
-		}()
-		// Load in windows until the run ends: every request sent while it
-		// ran counts.
-		var during loadResult
-		during.Statuses = map[int]int{}
-		for running := true; running; {
-			select {
-			case <-done:
-				running = false
-				continue
-			default:
+		// Interleaved windows, pairs times per setting: W s of load with
+		// no retention, then W s of load while a retention run deletes
+		// (cancelled at the window's end: a run resumes where the last
+		// stopped), so that the machine's noise falls on both alike.
+		var ran time.Duration
+		var deleted int64
+		var batches int
+		var allBase, allDuring []time.Duration
+		errs := 0
+		finished := false
+		for _, set := range settings {
+			var setBase, setDuring []time.Duration
+			for i := 0; i < pairs && !finished; i++ {
+				base := openLoop(client, spec.with(window))
+				rctx, cancel := context.WithCancel(ctx)
+				job := &retention.Job{DB: env.DB, Usage: keep, Batch: set.batch, Pause: set.pause, Log: quietLog()}
+				done := make(chan struct{})
+				var res retention.Result
+				var runErr error
+				began := time.Now()
+				go func() {
+					defer close(done)
+					res, runErr = job.RunOnce(rctx)
+				}()
+				during := openLoop(client, spec.with(window))
+				cancel()
+				<-done
+				ran += time.Since(began)
+				deleted += res.Deleted[retention.TableUsage]
+				batches += res.Batches[retention.TableUsage]
+				if runErr == nil {
+					finished = true
+				} else if !errors.Is(runErr, context.Canceled) {
+					b.Fatal(runErr)
+				}
+				errs += base.Errs + during.Errs
+				setBase, setDuring = append(setBase, base.Lat...), append(setDuring, during.Lat...)
+				logf("  pair %d, batch %d pause %v (load average %s): without p50 %v p99 %v | during p50 %v p99 %v (ratio p99 %.2f), %d errors",
+					i+1, set.batch, set.pause, loadAvg(), pct(base.Lat, 50), pct(base.Lat, 99), pct(during.Lat, 50), pct(during.Lat, 99),
+					float64(pct(during.Lat, 99))/float64(pct(base.Lat, 99)), base.Errs+during.Errs)
 			}
-			r := openLoop(client, spec.with(5*time.Second))
-			during.Lat = append(during.Lat, r.Lat...)
-			during.Errs += r.Errs
-			for s, n := range r.Statuses {
-				during.Statuses[s] += n
+			if len(setBase) > 0 {
+				logf("batch %d pause %v, all pairs: without %d requests p50 %v p99 %v | during %d requests p50 %v p99 %v (ratio p99 %.2f)",
+					set.batch, set.pause, len(setBase), pct(setBase, 50), pct(setBase, 99), len(setDuring), pct(setDuring, 50), pct(setDuring, 99),
+					float64(pct(setDuring, 99))/float64(pct(setBase, 99)))
 			}
+			allBase, allDuring = append(allBase, setBase...), append(allDuring, setDuring...)
 		}
-		if runErr != nil {
-			b.Fatal(runErr)
+		// The rest of the run, without load, with the first setting.
+		res := retention.Result{Deleted: map[string]int64{}}
+		if !finished {
+			job := &retention.Job{DB: env.DB, Usage: keep, Batch: settings[0].batch, Pause: settings[0].pause, Log: quietLog()}
+			began := time.Now()
+			var err error
+			if res, err = job.RunOnce(ctx); err != nil {
+				b.Fatal(err)
+			}
+			ran += time.Since(began)
+			deleted += res.Deleted[retention.TableUsage]
+			batches += res.Batches[retention.TableUsage]
 		}
 		if kind == "sqlite" {
 			env.DB.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
 		}
 		sizeAfter := size()
-		b99, d99 := pct(base.Lat, 99), pct(during.Lat, 99)
-		logf("%s, %d rows, %d req/s (%d CPUs):\n  without retention: %d requests, p50 %v p99 %v, %d errors\n  during retention:  %d requests, p50 %v p99 %v, %d errors (ratio p99 %.2f)\n"+
-			"  retention run: %d rows deleted in %d batches, %s (of which vacuum %s), %d free pages left\n  disk before %s\n  disk after  %s",
-			kind, rows, rps, runtime.NumCPU(), len(base.Lat), pct(base.Lat, 50), b99, base.Errs, len(during.Lat), pct(during.Lat, 50), d99, during.Errs,
-			float64(d99)/float64(b99), res.Deleted[retention.TableUsage], res.Batches[retention.TableUsage], res.Took.Round(time.Second),
+		b99, d99 := pct(allBase, 99), pct(allDuring, 99)
+		logf("%s, %d rows, %d req/s (%d CPUs, load average %s now):\n  retention run: %d rows deleted in %d batches, %s in all (its last vacuum %s), %d free pages left\n  disk before %s\n  disk after  %s",
+			kind, rows, rps, runtime.NumCPU(), loadAvg(), deleted, batches, ran.Round(time.Second),
 			res.VacuumTook.Round(time.Second), res.FreePages, sizeBefore, sizeAfter)
 		if kind == "postgres" {
 			start := time.Now()
@@ -159,12 +196,47 @@ func BenchmarkRetention(b *testing.B) {
 		b.ReportMetric(us(b99), "base-p99-µs")
 		b.ReportMetric(us(d99), "during-p99-µs")
 		b.ReportMetric(float64(d99)/float64(b99), "ratio-p99")
-		b.ReportMetric(res.Took.Seconds(), "run-s")
+		b.ReportMetric(ran.Seconds(), "run-s")
 		b.ReportMetric(migrateTook.Seconds(), "migrate-s")
-		if base.Errs+during.Errs > 0 {
-			b.Errorf("%d requests failed (%v, %v)", base.Errs+during.Errs, base.Statuses, during.Statuses)
+		if errs > 0 {
+			b.Errorf("%d requests failed", errs)
 		}
 	}
+}
+
+type retentionSetting struct {
+	batch int
+	pause time.Duration
+}
+
+// retentionSettings reads MOONJI_BENCH_RETENTION ("2000/50ms,500/200ms":
+// batch/pause pairs, each measured in turn on the same run); the job's
+// defaults when unset.
+func retentionSettings(b *testing.B) []retentionSetting {
+	v := os.Getenv("MOONJI_BENCH_RETENTION")
+	if v == "" {
+		return []retentionSetting{{retention.DefaultBatch, retention.DefaultPause}}
+	}
+	var out []retentionSetting
+	for _, item := range strings.Split(v, ",") {
+		n, p, _ := strings.Cut(item, "/")
+		batch, err1 := strconv.Atoi(n)
+		pause, err2 := time.ParseDuration(p)
+		if err1 != nil || err2 != nil || batch <= 0 {
+			b.Fatalf("MOONJI_BENCH_RETENTION=%q: want batch/pause,…", v)
+		}
+		out = append(out, retentionSetting{batch, pause})
+	}
+	return out
+}
+
+// loadAvg is the machine's 1, 5 and 15-minute load averages.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(data))[:3], " ")
 }
 
 // diskSize describes the ledger's size on disk: the SQLite file (and its

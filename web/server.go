@@ -598,13 +598,17 @@ func (s spentIn) Spent(ctx context.Context, l budget.Limit, since time.Time) (in
 	return models.SpentSince(ctx, s.db, string(l.Scope), l.ID, since)
 }
 
+// retentionDelay is how long after start the retention job first runs (0:
+// its default, a minute); tests shorten it (SetRetentionDelay).
+var retentionDelay time.Duration
+
 // startRetention starts this replica's retention job (internal/retention)
 // when the configuration keeps usage or conversations for a limited time.
 // The audit log is pruned at the usage age.
 func (s *Server) startRetention() {
 	cfg := s.Config.Retention
 	s.Retention = &retention.Job{DB: s.DB, Usage: cfg.Usage.Duration(), Conversations: cfg.Conversations.Duration(),
-		Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention"),
+		Delay: retentionDelay, Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention"),
 		// The audit log is kept as long as the usage it sits beside.
 		WithUsage: []retention.Table{{Name: "audit", Prune: models.DeleteAuditEventsBefore}}}
 	if !s.Retention.Enabled() {

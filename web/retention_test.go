@@ -1,0 +1,53 @@
+package web_test
+
+import (
+	"testing"
+	"time"
+
+	"moonji/internal/config"
+	"moonji/models"
+	"moonji/web"
+)
+
+// TestServerRunsRetention: a server configured with retention.usage starts
+// the retention job, which deletes a ledger row older than that (and only
+// it), leaving the rollup that counts it.
+func TestServerRunsRetention(t *testing.T) {
+	defer web.SetRetentionDelay(10 * time.Millisecond)()
+	dbURL := "sqlite://" + t.TempDir() + "/m.db"
+	db, err := models.Open(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	old, recent := now.Add(-3*models.Day), now.Add(-time.Hour)
+	for _, u := range []models.Usage{
+		{InferenceID: "old-row", CreatedAt: old, FinishedAt: &old, Model: "m1", Outcome: models.OutcomeSuccess},
+		{InferenceID: "recent-row", CreatedAt: recent, FinishedAt: &recent, Model: "m1", Outcome: models.OutcomeSuccess},
+	} {
+		if err := db.Create(&u).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	models.Close(db)
+
+	e := startEnv(t, dbURL, func(c *config.Config) { c.Retention.Usage = config.Age(models.Day) })
+	left := func(id string) bool {
+		var n int64
+		if err := e.DB.Model(&models.Usage{}).Where("inference_id = ?", id).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	waitFor(t, "the old row deleted by the server's retention job", 30*time.Second, func() bool { return !left("old-row") })
+	if !left("recent-row") {
+		t.Error("the recent row was deleted too")
+	}
+	// The rollup built at start (the backfill) still counts the old row.
+	var requests int64
+	err = e.DB.Model(&models.UsageRollup{}).Select("COALESCE(SUM(requests), 0)").
+		Where("span = ? AND start = ?", models.SpanDay, old.Truncate(models.Day)).Scan(&requests).Error
+	if err != nil || requests != 1 {
+		t.Errorf("the old row's day in the rollup: %d requests, %v; want 1", requests, err)
+	}
+}
