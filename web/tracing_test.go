@@ -38,8 +38,9 @@ func (h *headerLog) all() []string {
 
 // startTracedEnv is a gateway in front of the mock engine, with tracing as
 // given (nil: off); the engine notes each request's traceparent ("" when
-// it had none).
-func startTracedEnv(t *testing.T, dbURL string, tr *config.Tracing) (*testEnv, *headerLog) {
+// it had none). opts change the configuration (withEngineBackend: the mock
+// behind a `moonji engine` link).
+func startTracedEnv(t *testing.T, dbURL string, tr *config.Tracing, opts ...envOption) (*testEnv, *headerLog) {
 	t.Helper()
 	mock := mockllm.New(mockllm.Options{Models: []string{"m1"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	log := &headerLog{}
@@ -59,6 +60,9 @@ func startTracedEnv(t *testing.T, dbURL string, tr *config.Tracing) (*testEnv, *
 	}
 	if tr != nil {
 		cfg.Tracing = *tr
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	return startWithConfig(t, cfg, mock, ms.URL), log
 }
@@ -228,4 +232,26 @@ func TestTracingOffSendsNothing(t *testing.T) {
 		t.Errorf("something was exported to %v with tracing off", k)
 		return true
 	})
+}
+
+// Through an engine link (`moonji engine`), the engine's upstream gets the
+// traceparent of the gateway's engine-call span: the client's trace id, a
+// span id of the gateway's own. The link carries it in chat.request.
+func TestTraceparentCrossesTheEngineLink(t *testing.T) {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer sink.Close()
+	e, engine := startTracedEnv(t, "sqlite://"+t.TempDir()+"/m.db",
+		&config.Tracing{OTLPEndpoint: sink.URL}, withEngineBackend(t)) // sample_ratio: 1.0 by default
+	trace, parent := randomHex(t, 16), randomHex(t, 8)
+	id, _ := postTraced(t, e, "00-"+trace+"-"+parent+"-01")
+	if row := e.final(id); row.Backend != "mock" || row.Outcome != models.OutcomeSuccess {
+		t.Fatalf("row %+v: want a success on the engine backend", row)
+	}
+	got := engine.all()
+	if len(got) != 1 {
+		t.Fatalf("the upstream behind the link got %d requests (%q), want 1", len(got), got)
+	}
+	if tp := got[0]; !strings.HasPrefix(tp, "00-"+trace+"-") || strings.Contains(tp, parent) || !strings.HasSuffix(tp, "-01") {
+		t.Errorf("the upstream behind the link got traceparent %q; want the trace %s with the gateway's span, sampled", tp, trace)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -23,7 +24,7 @@ const maxAnswer = 16 << 20
 // run sends the session's chat body to its model's upstream and relays the
 // answer. After the session is cancelled nothing more is sent for it: the
 // gateway asked, or is gone.
-func (c *conn) run(s *session, body []byte) {
+func (c *conn) run(s *session, body []byte, traceparent string) {
 	m := s.model
 	if m.UpstreamModel != "" {
 		req, err := proxy.ParseRequest(body)
@@ -44,7 +45,7 @@ func (c *conn) run(s *session, body []byte) {
 		ctx, cancel = context.WithTimeout(ctx, m.Timeout)
 		defer cancel()
 	}
-	resp, err := c.srv.client.ChatCompletions(ctx, m.Upstream, body)
+	resp, err := c.srv.client.PostSentTraced(ctx, m.Upstream, proxy.APIChat, body, traceparent, nil)
 	if err != nil {
 		c.failed(s, ctx, err)
 		return
@@ -215,4 +216,26 @@ func hasFinishReason(frame []byte) bool {
 func isEventStream(ct string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "text/event-stream"
+}
+
+// traceparent is v when it is a W3C traceparent of version 00 (the
+// gateway's span for the call), or "" — anything else from the link is
+// not passed to the upstream.
+func traceparent(v string) string {
+	// 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>
+	if len(v) != 55 || v[:3] != "00-" || v[35] != '-' || v[52] != '-' {
+		return ""
+	}
+	for i := 3; i < 55; i++ {
+		if i == 35 || i == 52 {
+			continue
+		}
+		if c := v[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
+	}
+	if strings.Trim(v[3:35], "0") == "" || strings.Trim(v[36:52], "0") == "" {
+		return "" // all-zero ids are invalid
+	}
+	return v
 }

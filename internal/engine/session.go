@@ -106,7 +106,7 @@ func (c *conn) request(env protocol.Envelope) {
 	go func() {
 		defer c.wg.Done()
 		defer c.srv.requestEnded()
-		c.run(s, []byte(p.Body))
+		c.run(s, []byte(p.Body), traceparent(p.Traceparent))
 	}()
 }
 

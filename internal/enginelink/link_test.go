@@ -29,7 +29,7 @@ func TestConcurrentSessionsGetOnlyTheirOwn(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			marker := fmt.Sprintf("m-%d", i)
-			resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("inf_%d", i), "qwen", body(fakeBody{Marker: marker, Stream: true, Chunks: chunks}))
+			resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("inf_%d", i), "qwen", body(fakeBody{Marker: marker, Stream: true, Chunks: chunks}), "")
 			if err != nil {
 				errs <- err
 				return
@@ -77,7 +77,7 @@ func TestWholeAnswer(t *testing.T) {
 	e := newFakeEngine(t)
 	l, _ := newLink(t, e, Options{})
 	for _, status := range []int{200, 429} {
-		resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("whole-%d", status), "qwen", body(fakeBody{Marker: "w", Status: status}))
+		resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("whole-%d", status), "qwen", body(fakeBody{Marker: "w", Status: status}), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,14 +96,14 @@ func TestWholeAnswer(t *testing.T) {
 func TestEngineErrors(t *testing.T) {
 	e := newFakeEngine(t)
 	l, _ := newLink(t, e, Options{})
-	_, err := l.ChatCompletions(context.Background(), "err-first", "qwen", body(fakeBody{Fail: "first"}))
+	_, err := l.ChatCompletions(context.Background(), "err-first", "qwen", body(fakeBody{Fail: "first"}), "")
 	var ue *proxy.UpstreamError
 	var ee *EngineError
 	if !errors.As(err, &ue) || ue.Status != 503 || !errors.As(err, &ee) || ee.Code != "overloaded" {
 		t.Fatalf("chat.error first: %v", err)
 	}
 	for _, fail := range []string{"mid", "gap"} {
-		resp, err := l.ChatCompletions(context.Background(), "err-"+fail, "qwen", body(fakeBody{Marker: fail, Stream: true, Chunks: 2, Fail: fail}))
+		resp, err := l.ChatCompletions(context.Background(), "err-"+fail, "qwen", body(fakeBody{Marker: fail, Stream: true, Chunks: 2, Fail: fail}), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestCancelMidStream(t *testing.T) {
 	for _, how := range []string{"ctx", "close"} {
 		id := "cancel-" + how
 		ctx, cancel := context.WithCancel(context.Background())
-		resp, err := l.ChatCompletions(ctx, id, "qwen", body(fakeBody{Marker: how, Stream: true, Chunks: 1, Hold: true}))
+		resp, err := l.ChatCompletions(ctx, id, "qwen", body(fakeBody{Marker: how, Stream: true, Chunks: 1, Hold: true}), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +152,7 @@ func TestCancelMidStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	e.onRequest = func(*fakeConn, protocol.Envelope, fakeBody) {} // never answers
-	if _, err := l.ChatCompletions(ctx, "cancel-wait", "qwen", body(fakeBody{})); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := l.ChatCompletions(ctx, "cancel-wait", "qwen", body(fakeBody{}), ""); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("call: %v", err)
 	}
 	env := e.expect(t, protocol.TypeSessionCancel, "cancel-wait")
@@ -172,7 +172,7 @@ func TestDisconnectThenQueue(t *testing.T) {
 	waitConnected(t, l)
 	var bodies []io.ReadCloser
 	for i := range 3 {
-		resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("held-%d", i), "qwen", body(fakeBody{Marker: "h", Stream: true, Chunks: 1, Hold: true}))
+		resp, err := l.ChatCompletions(context.Background(), fmt.Sprintf("held-%d", i), "qwen", body(fakeBody{Marker: "h", Stream: true, Chunks: 1, Hold: true}), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +203,7 @@ func TestDisconnectThenQueue(t *testing.T) {
 	results := make(chan result, 2)
 	for i, marker := range []string{"first", "second"} {
 		go func() {
-			resp, err := l.ChatCompletions(context.Background(), "queued-"+marker, "qwen", body(fakeBody{Marker: marker, Status: 200}))
+			resp, err := l.ChatCompletions(context.Background(), "queued-"+marker, "qwen", body(fakeBody{Marker: marker, Status: 200}), "")
 			if err != nil {
 				results <- result{err: err}
 				return
@@ -239,7 +239,7 @@ func TestQueuedRequestExpires(t *testing.T) {
 	e := newFakeEngine(t)
 	e.down.Store(true)
 	l, _ := newLink(t, e, Options{MessageTTL: 200 * time.Millisecond})
-	_, err := l.ChatCompletions(context.Background(), "late", "qwen", body(fakeBody{}))
+	_, err := l.ChatCompletions(context.Background(), "late", "qwen", body(fakeBody{}), "")
 	var ue *proxy.UpstreamError
 	if !errors.Is(err, ErrExpired) || !errors.Is(err, proxy.ErrEngineUnavailable) || !strings.Contains(err.Error(), "engine_unavailable") || !errors.As(err, &ue) || ue.Status != 503 {
 		t.Fatalf("err %v", err)
@@ -258,13 +258,13 @@ func TestQueueFull(t *testing.T) {
 	errs := make(chan error, 2)
 	for i := range 2 {
 		go func() {
-			_, err := l.ChatCompletions(context.Background(), fmt.Sprintf("q-%d", i), "qwen", body(fakeBody{}))
+			_, err := l.ChatCompletions(context.Background(), fmt.Sprintf("q-%d", i), "qwen", body(fakeBody{}), "")
 			errs <- err
 		}()
 	}
 	eventually(t, "two queued requests", func() bool { return l.Stats().Queued == 2 })
 	var ue *proxy.UpstreamError
-	if _, err := l.ChatCompletions(context.Background(), "q-full", "qwen", body(fakeBody{})); !errors.Is(err, ErrQueueFull) ||
+	if _, err := l.ChatCompletions(context.Background(), "q-full", "qwen", body(fakeBody{}), ""); !errors.Is(err, ErrQueueFull) ||
 		!errors.Is(err, proxy.ErrEngineUnavailable) || !errors.As(err, &ue) || ue.Status != 503 {
 		t.Fatalf("third request: %v, want a 503 engine_unavailable", err)
 	}
@@ -292,7 +292,7 @@ func TestUnknownAndInvalidFromEngine(t *testing.T) {
 		fc.sendRaw([]byte(`{"v":1,"id":"bad-2","type":"chat.chunk","session":"` + env.Session + `","payload":{"seq":0,"frame":"x"}}`))
 		fc.answer(env.Session, b)
 	}
-	resp, err := l.ChatCompletions(context.Background(), "mine", "qwen", body(fakeBody{Marker: "mine", Stream: true, Chunks: 3}))
+	resp, err := l.ChatCompletions(context.Background(), "mine", "qwen", body(fakeBody{Marker: "mine", Stream: true, Chunks: 3}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestUnknownAndInvalidFromEngine(t *testing.T) {
 func TestSlowReaderFailsAlone(t *testing.T) {
 	e := newFakeEngine(t)
 	l, _ := newLink(t, e, Options{SessionFrames: 8})
-	slow, err := l.ChatCompletions(context.Background(), "slow", "qwen", body(fakeBody{Marker: "slow", Stream: true, Chunks: 50, Hold: true}))
+	slow, err := l.ChatCompletions(context.Background(), "slow", "qwen", body(fakeBody{Marker: "slow", Stream: true, Chunks: 50, Hold: true}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +333,7 @@ func TestSlowReaderFailsAlone(t *testing.T) {
 	if _, err := io.ReadAll(slow.Body); !errors.Is(err, ErrSlowReader) {
 		t.Errorf("slow reader: %v", err)
 	}
-	fast, err := l.ChatCompletions(context.Background(), "fast", "qwen", body(fakeBody{Marker: "fast", Stream: true, Chunks: 7}))
+	fast, err := l.ChatCompletions(context.Background(), "fast", "qwen", body(fakeBody{Marker: "fast", Stream: true, Chunks: 7}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestGoAway(t *testing.T) {
 		}
 		fc.answer(env.Session, b)
 	}
-	running, err := l.ChatCompletions(context.Background(), "running", "qwen", body(fakeBody{Hold: true}))
+	running, err := l.ChatCompletions(context.Background(), "running", "qwen", body(fakeBody{Hold: true}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestGoAway(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() {
-		_, err := l.ChatCompletions(context.Background(), "next", "qwen", body(fakeBody{Status: 200}))
+		_, err := l.ChatCompletions(context.Background(), "next", "qwen", body(fakeBody{Status: 200}), "")
 		done <- err
 	}()
 	eventually(t, "the new request to queue", func() bool { return l.Stats().Queued == 1 })
@@ -418,7 +418,7 @@ func TestHeartbeatRedials(t *testing.T) {
 	if !strings.Contains(logs.String(), "engine silent") {
 		t.Errorf("no 'engine silent' log:\n%s", logs)
 	}
-	resp, err := l.ChatCompletions(context.Background(), "after", "qwen", body(fakeBody{Status: 200}))
+	resp, err := l.ChatCompletions(context.Background(), "after", "qwen", body(fakeBody{Status: 200}), "")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after redial: %v", err)
 	}
@@ -469,11 +469,11 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	e := newFakeEngine(t)
 	l := New(Options{Name: "fake", URL: e.url(), PingInterval: 20 * time.Millisecond, Log: discard()})
 	l.Start()
-	resp, err := l.ChatCompletions(context.Background(), "open", "qwen", body(fakeBody{Marker: "o", Stream: true, Chunks: 1, Hold: true}))
+	resp, err := l.ChatCompletions(context.Background(), "open", "qwen", body(fakeBody{Marker: "o", Stream: true, Chunks: 1, Hold: true}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole, err := l.ChatCompletions(context.Background(), "whole", "qwen", body(fakeBody{Status: 200}))
+	whole, err := l.ChatCompletions(context.Background(), "whole", "qwen", body(fakeBody{Status: 200}), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -483,7 +483,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		t.Errorf("open stream at Close: %q %v", got, err)
 	}
 	resp.Body.Close()
-	if _, err := l.ChatCompletions(context.Background(), "late", "qwen", body(fakeBody{})); !errors.Is(err, ErrClosed) {
+	if _, err := l.ChatCompletions(context.Background(), "late", "qwen", body(fakeBody{}), ""); !errors.Is(err, ErrClosed) {
 		t.Errorf("call after Close: %v", err)
 	}
 	routerEmpty(t, l)
@@ -495,10 +495,10 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 func TestBadCalls(t *testing.T) {
 	l := New(Options{Name: "fake", URL: "ws://127.0.0.1:1/engine", Log: discard()})
 	defer l.Close()
-	if _, err := l.ChatCompletions(context.Background(), "a b", "qwen", []byte(`{}`)); err == nil {
+	if _, err := l.ChatCompletions(context.Background(), "a b", "qwen", []byte(`{}`), ""); err == nil {
 		t.Error("a session id with a space was accepted")
 	}
-	if _, err := l.ChatCompletions(context.Background(), "s1", "", []byte(`{}`)); err == nil {
+	if _, err := l.ChatCompletions(context.Background(), "s1", "", []byte(`{}`), ""); err == nil {
 		t.Error("no model was accepted")
 	}
 	if l.Stats().SessionsOpen != 0 {
@@ -524,7 +524,7 @@ func TestCloseAfterDoneIsNotACancel(t *testing.T) {
 		}()
 	}
 	l, _ := newLink(t, e, Options{})
-	resp, err := l.ChatCompletions(context.Background(), "s-done", "qwen", body(fakeBody{Marker: "d", Stream: true}))
+	resp, err := l.ChatCompletions(context.Background(), "s-done", "qwen", body(fakeBody{Marker: "d", Stream: true}), "")
 	if err != nil {
 		t.Fatal(err)
 	}

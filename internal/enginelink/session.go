@@ -79,11 +79,11 @@ func (s *session) fail(err error, discard bool) {
 // in time or the queue is full, 502 otherwise), or ctx's error when ctx
 // ends first: the engine is then told session.cancel and session.close.
 // The caller closes the body; closing it early cancels the session.
-func (l *Link) ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error) {
+func (l *Link) ChatCompletions(ctx context.Context, session, model string, body []byte, traceparent string) (*http.Response, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s, err := l.newSession(session, model, body)
+	s, err := l.newSession(session, model, body, traceparent)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func (l *Link) ChatCompletions(ctx context.Context, session, model string, body 
 // newSession encodes the session's two messages. The session.open is
 // checked with protocol.Decode, so a bad id or model fails here rather than
 // as a refusal from the engine; the body is the caller's, already checked.
-func (l *Link) newSession(id, model string, body []byte) (*session, error) {
+func (l *Link) newSession(id, model string, body []byte, traceparent string) (*session, error) {
 	if model == "" {
 		return nil, fmt.Errorf("engine session %s: %w", id, errNoModel)
 	}
@@ -151,7 +151,7 @@ func (l *Link) newSession(id, model string, body []byte) (*session, error) {
 	if _, err := protocol.Decode(open); err != nil {
 		return nil, fmt.Errorf("engine session %q: %w", id, err)
 	}
-	req := l.envelope(protocol.TypeChatRequest, id, protocol.ChatRequest{Body: string(body)})
+	req := l.envelope(protocol.TypeChatRequest, id, protocol.ChatRequest{Body: string(body), Traceparent: traceparent})
 	return &session{
 		l: l, id: id, msgs: [][]byte{open, req},
 		ready: make(chan struct{}), wake: make(chan struct{}, 1),

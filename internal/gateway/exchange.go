@@ -115,14 +115,12 @@ func (x *exchange) run(body []byte) *Response {
 		x.sent = true
 		var resp *http.Response
 		written := false
-		// The engine link carries no headers: its span is the call's all
-		// the same, and the engine gets no traceparent.
 		traceparent := x.beginEngine()
 		if link := x.backend.Link; link != nil {
 			x.start()
 			written = true // handed to the link, which sends it or fails it
 			model := gjson.GetBytes(body, "model").String()
-			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body)
+			resp, err = link.ChatCompletions(x.ctx, x.call.ID, model, body, traceparent)
 		} else {
 			// The request is started once the engine has it: its row,
 			// watch and Stop registration run while the engine works

@@ -23,7 +23,7 @@ type handoffLink struct {
 	calls, hanging atomic.Int64
 }
 
-func (l *handoffLink) ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error) {
+func (l *handoffLink) ChatCompletions(ctx context.Context, session, model string, body []byte, traceparent string) (*http.Response, error) {
 	l.calls.Add(1)
 	switch {
 	case strings.Contains(string(body), `"hang"`):

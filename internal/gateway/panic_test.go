@@ -24,7 +24,7 @@ type panickyLink struct {
 	mode atomic.Value // string
 }
 
-func (l *panickyLink) ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error) {
+func (l *panickyLink) ChatCompletions(ctx context.Context, session, model string, body []byte, traceparent string) (*http.Response, error) {
 	switch l.mode.Load().(string) {
 	case "call":
 		panic("a bug in the engine link")

@@ -20,7 +20,7 @@ import (
 // (enginelink.Link): the same answer as proxy.Client.ChatCompletions, for a
 // session named by the request's inference id.
 type EngineLink interface {
-	ChatCompletions(ctx context.Context, session, model string, body []byte) (*http.Response, error)
+	ChatCompletions(ctx context.Context, session, model string, body []byte, traceparent string) (*http.Response, error)
 }
 
 // Health is a backend's passive health (health.Checker): told of every

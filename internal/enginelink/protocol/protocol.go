@@ -97,6 +97,10 @@ type (
 	// stream_options), as a JSON string so that no byte changes.
 	ChatRequest struct {
 		Body string `json:"body"`
+		// Traceparent is the W3C traceparent of the gateway's span for
+		// this call (empty: not traced); the engine passes it to its
+		// upstream, so that an engine that traces joins the trace.
+		Traceparent string `json:"traceparent,omitempty"`
 	}
 	// ChatResponse is the upstream's whole answer when it was not an event
 	// stream: a non-streamed completion, or an error answer, relayed to the
