@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -29,6 +30,15 @@ func TestServerRunsRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The audit log is pruned at the usage age too.
+	for _, a := range []models.AuditEvent{
+		{At: old, Actor: "a@example.com", Action: "key.create", Target: "old-event"},
+		{At: recent, Actor: "a@example.com", Action: "key.create", Target: "recent-event"},
+	} {
+		if err := models.InsertAuditEvent(context.Background(), db, &a); err != nil {
+			t.Fatal(err)
+		}
+	}
 	models.Close(db)
 
 	e := startEnv(t, dbURL, func(c *config.Config) { c.Retention.Usage = config.Age(models.Day) })
@@ -42,6 +52,17 @@ func TestServerRunsRetention(t *testing.T) {
 	waitFor(t, "the old row deleted by the server's retention job", 30*time.Second, func() bool { return !left("old-row") })
 	if !left("recent-row") {
 		t.Error("the recent row was deleted too")
+	}
+	events := func(target string) int64 {
+		var n int64
+		if err := e.DB.Model(&models.AuditEvent{}).Where("target = ?", target).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the old audit event deleted by the same job", 30*time.Second, func() bool { return events("old-event") == 0 })
+	if events("recent-event") != 1 {
+		t.Error("the recent audit event was deleted too")
 	}
 	// The rollup built at start (the backfill) still counts the old row.
 	var requests int64
