@@ -1,10 +1,7 @@
 package audit
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -56,55 +53,16 @@ const exportBatch = 500
 // at a time. flushed, when not nil, is called after each batch has been
 // handed to w (a caller serving a slow client renews its write deadline).
 func Write(ctx context.Context, db *gorm.DB, w io.Writer, format string, f models.AuditFilter, flushed func() error) error {
-	if format != usageexport.CSV && format != usageexport.JSONL {
-		return fmt.Errorf("audit export: unknown format %q", format)
+	rows := usageexport.Format[*models.AuditEvent]{
+		Header: Fields,
+		CSV:    func(e *models.AuditEvent) []string { return FromEvent(e).CSV() },
+		JSON:   func(e *models.AuditEvent) any { return FromEvent(e) },
 	}
-	bw := bufio.NewWriterSize(w, 32<<10)
-	var (
-		encode func(*models.AuditEvent) error
-		flush  func() error
-	)
-	if format == usageexport.JSONL {
-		enc := json.NewEncoder(bw)
-		encode = func(e *models.AuditEvent) error { return enc.Encode(FromEvent(e)) }
-		flush = bw.Flush
-	} else {
-		cw := csv.NewWriter(bw)
-		if err := cw.Write(Fields); err != nil {
-			return err
-		}
-		encode = func(e *models.AuditEvent) error { return cw.Write(FromEvent(e).CSV()) }
-		flush = func() error {
-			cw.Flush()
-			if err := cw.Error(); err != nil {
-				return err
-			}
-			return bw.Flush()
-		}
-	}
-	n := 0
-	err := models.EachAuditEvent(ctx, db, f, exportBatch, func(e *models.AuditEvent) error {
-		if err := encode(e); err != nil {
-			return err
-		}
-		if n++; n%exportBatch == 0 {
-			if err := flush(); err != nil {
-				return err
-			}
-			if flushed != nil {
-				return flushed()
-			}
-		}
-		return nil
-	})
+	err := usageexport.Stream(w, format, rows, func(emit func(*models.AuditEvent) error) error {
+		return models.EachAuditEvent(ctx, db, f, exportBatch, emit)
+	}, flushed)
 	if err != nil {
-		return err
-	}
-	if err := flush(); err != nil {
-		return err
-	}
-	if flushed != nil {
-		return flushed()
+		return fmt.Errorf("audit export: %w", err)
 	}
 	return nil
 }

@@ -4,10 +4,7 @@
 package usageexport
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -118,58 +115,16 @@ func CSVText(s string) string {
 // not nil, is called after each batch of rows has been handed to w, so
 // that a caller serving a slow client can renew its write deadline.
 func Write(ctx context.Context, db *gorm.DB, w io.Writer, format, currency string, since time.Time, userID uint, flushed func() error) error {
-	if format != CSV && format != JSONL {
-		return fmt.Errorf("usage export: unknown format %q", format)
+	f := Format[*models.Usage]{
+		Header: Fields,
+		CSV:    func(u *models.Usage) []string { return FromUsage(u, currency).CSV() },
+		JSON:   func(u *models.Usage) any { return FromUsage(u, currency) },
 	}
-	bw := bufio.NewWriterSize(w, 32<<10)
-	var (
-		encode func(*models.Usage) error
-		flush  func() error
-	)
-	if format == JSONL {
-		enc := json.NewEncoder(bw)
-		encode = func(u *models.Usage) error { return enc.Encode(FromUsage(u, currency)) }
-		flush = bw.Flush
-	} else {
-		cw := csv.NewWriter(bw)
-		if err := cw.Write(Fields); err != nil {
-			return err
-		}
-		encode = func(u *models.Usage) error { return cw.Write(FromUsage(u, currency).CSV()) }
-		flush = func() error {
-			cw.Flush()
-			if err := cw.Error(); err != nil {
-				return err
-			}
-			return bw.Flush()
-		}
-	}
-	// A batch is a few hundred rows: small enough that a client sees the
-	// file arrive, large enough that flushing costs nothing per row.
-	const batch = 500
-	n := 0
-	err := models.EachUsageOf(ctx, db, since, userID, func(u *models.Usage) error {
-		if err := encode(u); err != nil {
-			return err
-		}
-		if n++; n%batch == 0 {
-			if err := flush(); err != nil {
-				return err
-			}
-			if flushed != nil {
-				return flushed()
-			}
-		}
-		return nil
-	})
+	err := Stream(w, format, f, func(emit func(*models.Usage) error) error {
+		return models.EachUsageOf(ctx, db, since, userID, emit)
+	}, flushed)
 	if err != nil {
-		return err
-	}
-	if err := flush(); err != nil {
-		return err
-	}
-	if flushed != nil {
-		return flushed()
+		return fmt.Errorf("usage export: %w", err)
 	}
 	return nil
 }
