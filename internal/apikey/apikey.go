@@ -261,7 +261,10 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (*models.APIKey
 	fresh := hit && now.Before(c.until)
 	stale := hit && !fresh && now.Before(c.until.Add(StaleIfError))
 	switch {
-	case fresh, stale && c.failing:
+	// A stale entry serves while the database fails, and while a refresh
+	// is still out: a database that went silent fails a refresh only at
+	// lookupTimeout, and the key's requests must not queue behind it.
+	case fresh, stale && (c.failing || c.refreshing):
 		k := c.key // a copy: callers may not share the cached value
 		key = &k
 		due := c.until.Sub(now) < ttl/refreshAhead

@@ -286,12 +286,15 @@ func TestRefreshAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keyQueries atomic.Int64
-	started, release := make(chan struct{}, 10), make(chan struct{})
+	started, held := make(chan struct{}, 10), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release) // a failed test must not leave the refresh held
 	db.Callback().Query().Before("gorm:query").Register("held", func(tx *gorm.DB) {
 		if tx.Statement.Table == "api_keys" {
 			keyQueries.Add(1)
 			started <- struct{}{}
-			<-release // the database is slow: nobody may wait for this
+			<-held // the database is slow: nobody may wait for this
 		}
 	})
 	hash := Hash(secret)
@@ -339,7 +342,19 @@ func TestRefreshAhead(t *testing.T) {
 	if n := keyQueries.Load(); n != 1 {
 		t.Errorf("%d queries for 50 requests near the entry's expiry, want 1 (the refresh)", n)
 	}
-	close(release)
+	// Past its expiry while the refresh is still out (a database gone
+	// silent answers nothing until lookupTimeout): the entry still serves,
+	// and nobody joins the refresh.
+	expireIn(-time.Second)
+	for range 20 {
+		if err := authenticate(); err != nil {
+			t.Fatalf("a request of an expired entry whose refresh is out: %v", err)
+		}
+	}
+	if n := keyQueries.Load(); n != 1 {
+		t.Errorf("%d queries with the refresh out past the expiry, want 1", n)
+	}
+	release()
 	store.refreshes.Wait()
 	store.cmu.RLock()
 	c, ok := store.cache[hash]

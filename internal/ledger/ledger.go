@@ -18,6 +18,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -70,6 +71,8 @@ type Ledger struct {
 
 	// out is the writer's state while the database is away (outage.go).
 	out outage
+	// commitWait bounds one commit (CommitWait, or SetCommitWait's).
+	commitWait atomic.Int64
 }
 
 // New starts a ledger writing to db. Call Close to flush and stop it.
@@ -81,6 +84,7 @@ func New(db *gorm.DB, log *slog.Logger) *Ledger {
 		scratch: newScratch(), young: youngRows{byID: map[string]int{}}, rows: rowsFor(db.Dialector.Name()),
 		stopCkpt: make(chan struct{}), running: map[string]*models.Usage{}}
 	l.out.max.Store(MaxBacklog)
+	l.commitWait.Store(int64(CommitWait))
 	l.wg.Add(1)
 	go l.run()
 	if db.Dialector.Name() == "sqlite" {

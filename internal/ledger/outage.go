@@ -87,6 +87,15 @@ func (l *Ledger) Status() Status {
 // SetMaxBacklog changes MaxBacklog (tests).
 func (l *Ledger) SetMaxBacklog(n int) { l.out.max.Store(int64(n)) }
 
+// CommitWait is the longest a commit may take before the writer gives up
+// on it and asks whether the database is still there. A group commit takes
+// milliseconds; a database that needs more than this is as good as away,
+// and its rows are kept in the journal and retried.
+const CommitWait = 15 * time.Second
+
+// SetCommitWait changes CommitWait (tests).
+func (l *Ledger) SetCommitWait(d time.Duration) { l.commitWait.Store(int64(d)) }
+
 // StartDown makes the writer begin as in an outage: it holds every row,
 // and before it writes any it calls ready (until ready succeeds, retried
 // with the same back-off), on its own goroutine. A server that starts while

@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -133,11 +135,19 @@ func (p *plan) statements(max int) int {
 // commit writes a plan: in one transaction, or without one when it is a
 // single statement (which is atomic by itself): a batch of pending rows
 // only, as a final row always comes with its rollup.
+//
+// It gives up after the ledger's commit wait: a database behind a network
+// that swallows packets (a dead NAT entry, a partition) never answers nor
+// closes the connection, and the writer must then turn to the journal like
+// in any outage instead of waiting for TCP to notice, hours later.
 func (l *Ledger) commit(p *plan) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(l.commitWait.Load()))
+	defer cancel()
+	db := l.db.WithContext(ctx)
 	if p.statements(l.rows.max) <= 1 && !p.final() {
-		return l.exec(l.db, p)
+		return l.exec(db, p)
 	}
-	return l.db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
+	return db.Transaction(func(tx *gorm.DB) error { return l.exec(tx, p) })
 }
 
 // commitAlone commits the plan of one row that failed in its batch; if it
