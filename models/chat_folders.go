@@ -61,8 +61,15 @@ func migrateConversationIndexes(db *gorm.DB) error {
 }
 
 // afterCursor keeps the conversations after c in list order. A row value:
-// both dialects read it as a range of the list's indexes.
+// both dialects read it as a range of the list's indexes. After an unpinned
+// cursor only unpinned conversations follow, said as such: PostgreSQL
+// estimates a row value by its first column, and "pinned < false" keeps
+// nothing, so the planner would take every later page for one row and may
+// walk the wrong index.
 func afterCursor(q *gorm.DB, c *ConversationCursor) *gorm.DB {
+	if !c.Pinned {
+		return q.Where("conversations.pinned = ? AND (conversations.updated_at, conversations.id) < (?, ?)", false, c.UpdatedAt.UTC(), c.ID)
+	}
 	return q.Where("(conversations.pinned, conversations.updated_at, conversations.id) < (?, ?, ?)", c.Pinned, c.UpdatedAt.UTC(), c.ID)
 }
 
