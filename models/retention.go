@@ -26,15 +26,57 @@ func MarkUsageKept(ctx context.Context, db *gorm.DB, before time.Time) error {
 // PruneUsage deletes up to limit final ledger rows created before before,
 // oldest first, and returns how many it deleted. Pending rows stay: their
 // request may still be running, and the rollup counts a row only when it
-// turns final. The rollups are not touched.
+// turns final. The rollups are not touched. A run of many batches should
+// use a UsagePruner instead.
 func PruneUsage(ctx context.Context, db *gorm.DB, before time.Time, limit int) (int64, error) {
-	ids := db.Model(&Usage{}).Select("inference_id").
-		Where("created_at < ? AND outcome <> ?", before.UTC(), OutcomePending).Order("created_at").Limit(limit)
-	res := db.WithContext(ctx).Where("inference_id IN (?)", ids).Delete(&Usage{})
-	if res.Error != nil {
-		return 0, fmt.Errorf("delete usage rows before %s: %w", before.UTC().Format(time.DateOnly), res.Error)
+	n, _, err := pruneUsage(ctx, db, time.Time{}, before, limit)
+	return n, err
+}
+
+// UsagePruner returns a PruneUsage whose batches each start where the last
+// one ended. On PostgreSQL the index entries of the rows a batch deleted
+// stay until a vacuum removes them, and a batch that began at the oldest
+// row would step over every one of them: with millions of rows deleted in a
+// run, each batch slower than the last.
+func UsagePruner() func(ctx context.Context, db *gorm.DB, before time.Time, limit int) (int64, error) {
+	var from time.Time
+	return func(ctx context.Context, db *gorm.DB, before time.Time, limit int) (int64, error) {
+		n, last, err := pruneUsage(ctx, db, from, before, limit)
+		if n > 0 {
+			from = last
+		}
+		return n, err
 	}
-	return res.RowsAffected, nil
+}
+
+// pruneUsage deletes up to limit final rows created in [from, before),
+// oldest first, and returns how many and the creation time of the newest.
+func pruneUsage(ctx context.Context, db *gorm.DB, from, before time.Time, limit int) (int64, time.Time, error) {
+	var rows []struct {
+		InferenceID string
+		CreatedAt   time.Time
+	}
+	q := db.WithContext(ctx).Model(&Usage{}).Select("inference_id, created_at").
+		Where("created_at < ? AND outcome <> ?", before.UTC(), OutcomePending)
+	if !from.IsZero() {
+		q = q.Where("created_at >= ?", from.UTC())
+	}
+	if err := q.Order("created_at").Limit(limit).Find(&rows).Error; err != nil {
+		return 0, time.Time{}, fmt.Errorf("find usage rows before %s: %w", before.UTC().Format(time.DateOnly), err)
+	}
+	if len(rows) == 0 {
+		return 0, time.Time{}, nil
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.InferenceID
+	}
+	// Deleting what another replica deleted meanwhile deletes nothing.
+	res := db.WithContext(ctx).Where("inference_id IN ?", ids).Delete(&Usage{})
+	if res.Error != nil {
+		return 0, time.Time{}, fmt.Errorf("delete usage rows before %s: %w", before.UTC().Format(time.DateOnly), res.Error)
+	}
+	return res.RowsAffected, rows[len(rows)-1].CreatedAt, nil
 }
 
 // PruneConversations deletes up to limit conversations last active before

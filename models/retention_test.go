@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,6 +286,59 @@ func TestIncrementalVacuum(t *testing.T) {
 	if free != 0 {
 		t.Errorf("%d free pages left after vacuuming", free)
 	}
+}
+
+// A UsagePruner's batches each begin where the last ended (a lower bound
+// on created_at, so PostgreSQL's index scan starts past the entries of the
+// rows just deleted), and rows that share the last one's time are not
+// skipped.
+func TestUsagePrunerResumes(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, db *gorm.DB) {
+		ctx := context.Background()
+		old := time.Now().UTC().Add(-500 * Day).Truncate(Day)
+		seedAged(t, db, "a", old, 7, OutcomeSuccess)
+		// 15 rows of one instant: the first batch ends among them.
+		same := make([]Usage, 15)
+		for i := range same {
+			fin := old.Add(time.Hour)
+			same[i] = Usage{InferenceID: fmt.Sprintf("same%02d", i), CreatedAt: old.Add(time.Hour), FinishedAt: &fin, Model: "m", Outcome: OutcomeSuccess}
+		}
+		if err := db.Create(&same).Error; err != nil {
+			t.Fatal(err)
+		}
+		seedAged(t, db, "b", old.Add(2*time.Hour), 4, OutcomeSuccess)
+		var selects []string
+		if err := db.Callback().Query().After("gorm:query").Register("test:sql", func(tx *gorm.DB) {
+			if tx.Statement.Table == "usages" {
+				selects = append(selects, tx.Statement.SQL.String())
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer db.Callback().Query().Remove("test:sql")
+
+		prune := UsagePruner()
+		var batches []int64
+		for {
+			n, err := prune(ctx, db, old.Add(Day), 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			batches = append(batches, n)
+		}
+		if !reflect.DeepEqual(batches, []int64{10, 10, 6}) {
+			t.Errorf("batches = %v, want [10 10 6]", batches)
+		}
+		if n := countUsage(t, db, "1 = 1"); n != 0 {
+			t.Errorf("%d rows left", n)
+		}
+		if len(selects) < 2 || strings.Contains(selects[0], ">=") || !strings.Contains(selects[1], "created_at >=") {
+			t.Errorf("the batches' look-ups: %q; want the first from the oldest, the next from the last one's time", selects)
+		}
+	})
 }
 
 // An interrupted backfill of the rollup resumes where it stopped and ends

@@ -118,7 +118,7 @@ func BenchmarkRetention(b *testing.B) {
 		// no retention, then W s of load while a retention run deletes
 		// (cancelled at the window's end: a run resumes where the last
 		// stopped), so that the machine's noise falls on both alike.
-		var ran time.Duration
+		var ran, busy time.Duration
 		var deleted int64
 		var batches int
 		var allBase, allDuring []time.Duration
@@ -129,7 +129,7 @@ func BenchmarkRetention(b *testing.B) {
 			for i := 0; i < pairs && !finished; i++ {
 				base := openLoop(client, spec.with(window))
 				rctx, cancel := context.WithCancel(ctx)
-				job := &retention.Job{DB: env.DB, Usage: keep, Batch: set.batch, Pause: set.pause, Log: quietLog()}
+				job := set.job(env.DB, keep)
 				done := make(chan struct{})
 				var res retention.Result
 				var runErr error
@@ -142,6 +142,7 @@ func BenchmarkRetention(b *testing.B) {
 				cancel()
 				<-done
 				ran += time.Since(began)
+				busy += res.Busy
 				deleted += res.Deleted[retention.TableUsage]
 				batches += res.Batches[retention.TableUsage]
 				if runErr == nil {
@@ -151,27 +152,35 @@ func BenchmarkRetention(b *testing.B) {
 				}
 				errs += base.Errs + during.Errs
 				setBase, setDuring = append(setBase, base.Lat...), append(setDuring, during.Lat...)
-				logf("  pair %d, batch %d pause %v (load average %s): without p50 %v p99 %v | during p50 %v p99 %v (ratio p99 %.2f), %d errors",
-					i+1, set.batch, set.pause, loadAvg(), pct(base.Lat, 50), pct(base.Lat, 99), pct(during.Lat, 50), pct(during.Lat, 99),
-					float64(pct(during.Lat, 99))/float64(pct(base.Lat, 99)), base.Errs+during.Errs)
+				logf("  pair %d, %v (load average %s): without p50 %v p99 %v | during p50 %v p99 %v (ratio p99 %.2f), %d rows deleted, %d errors",
+					i+1, set, loadAvg(), pct(base.Lat, 50), pct(base.Lat, 99), pct(during.Lat, 50), pct(during.Lat, 99),
+					float64(pct(during.Lat, 99))/float64(pct(base.Lat, 99)), res.Deleted[retention.TableUsage], base.Errs+during.Errs)
 			}
 			if len(setBase) > 0 {
-				logf("batch %d pause %v, all pairs: without %d requests p50 %v p99 %v | during %d requests p50 %v p99 %v (ratio p99 %.2f)",
-					set.batch, set.pause, len(setBase), pct(setBase, 50), pct(setBase, 99), len(setDuring), pct(setDuring, 50), pct(setDuring, 99),
+				logf("%v, all pairs: without %d requests p50 %v p99 %v | during %d requests p50 %v p99 %v (ratio p99 %.2f)",
+					set, len(setBase), pct(setBase, 50), pct(setBase, 99), len(setDuring), pct(setDuring, 50), pct(setDuring, 99),
 					float64(pct(setDuring, 99))/float64(pct(setBase, 99)))
 			}
 			allBase, allDuring = append(allBase, setBase...), append(allDuring, setDuring...)
 		}
-		// The rest of the run, without load, with the first setting.
+		// The rest of the run, without load, with the first setting (its
+		// share MOONJI_BENCH_REST_SHARE when set: 1 measures the work
+		// alone, without the pauses).
 		res := retention.Result{Deleted: map[string]int64{}}
 		if !finished {
-			job := &retention.Job{DB: env.DB, Usage: keep, Batch: settings[0].batch, Pause: settings[0].pause, Log: quietLog()}
+			rest := settings[0]
+			if v := os.Getenv("MOONJI_BENCH_REST_SHARE"); v != "" {
+				if rest.share, err = strconv.ParseFloat(v, 64); err != nil || rest.share <= 0 || rest.share > 1 {
+					b.Fatalf("MOONJI_BENCH_REST_SHARE=%q: want a share in (0, 1]", v)
+				}
+			}
+			logf("the rest of the run without load, %v", rest)
 			began := time.Now()
-			var err error
-			if res, err = job.RunOnce(ctx); err != nil {
+			if res, err = rest.job(env.DB, keep).RunOnce(ctx); err != nil {
 				b.Fatal(err)
 			}
 			ran += time.Since(began)
+			busy += res.Busy
 			deleted += res.Deleted[retention.TableUsage]
 			batches += res.Batches[retention.TableUsage]
 		}
@@ -180,8 +189,8 @@ func BenchmarkRetention(b *testing.B) {
 		}
 		sizeAfter := size()
 		b99, d99 := pct(allBase, 99), pct(allDuring, 99)
-		logf("%s, %d rows, %d req/s (%d CPUs, load average %s now):\n  retention run: %d rows deleted in %d batches, %s in all (its last vacuum %s), %d free pages left\n  disk before %s\n  disk after  %s",
-			kind, rows, rps, runtime.NumCPU(), loadAvg(), deleted, batches, ran.Round(time.Second),
+		logf("%s, %d rows, %d req/s (%d CPUs, load average %s now):\n  retention run: %d rows deleted in %d batches, %s in all, %s of it in statements (its last vacuum %s), %d free pages left\n  disk before %s\n  disk after  %s",
+			kind, rows, rps, runtime.NumCPU(), loadAvg(), deleted, batches, ran.Round(time.Second), busy.Round(time.Second),
 			res.VacuumTook.Round(time.Second), res.FreePages, sizeBefore, sizeAfter)
 		if kind == "postgres" {
 			start := time.Now()
@@ -207,25 +216,41 @@ func BenchmarkRetention(b *testing.B) {
 type retentionSetting struct {
 	batch int
 	pause time.Duration
+	share float64
 }
 
-// retentionSettings reads MOONJI_BENCH_RETENTION ("2000/50ms,500/200ms":
-// batch/pause pairs, each measured in turn on the same run); the job's
-// defaults when unset.
+func (s retentionSetting) job(db *gorm.DB, keep time.Duration) *retention.Job {
+	return &retention.Job{DB: db, Usage: keep, Batch: s.batch, Pause: s.pause, Share: s.share, Log: quietLog()}
+}
+
+func (s retentionSetting) String() string {
+	return fmt.Sprintf("batch %d pause %v share %.2g", s.batch, s.pause, s.share)
+}
+
+// retentionSettings reads MOONJI_BENCH_RETENTION ("2000/50ms/0.2,500/200ms/1":
+// batch/pause/share, each measured in turn on the same run; the share may
+// be left out); the job's defaults when unset.
 func retentionSettings(b *testing.B) []retentionSetting {
 	v := os.Getenv("MOONJI_BENCH_RETENTION")
 	if v == "" {
-		return []retentionSetting{{retention.DefaultBatch, retention.DefaultPause}}
+		return []retentionSetting{{retention.DefaultBatch, retention.DefaultPause, retention.DefaultShare}}
 	}
 	var out []retentionSetting
 	for _, item := range strings.Split(v, ",") {
-		n, p, _ := strings.Cut(item, "/")
-		batch, err1 := strconv.Atoi(n)
-		pause, err2 := time.ParseDuration(p)
-		if err1 != nil || err2 != nil || batch <= 0 {
-			b.Fatalf("MOONJI_BENCH_RETENTION=%q: want batch/pause,…", v)
+		parts := strings.Split(item, "/")
+		if len(parts) == 2 {
+			parts = append(parts, fmt.Sprint(retention.DefaultShare))
 		}
-		out = append(out, retentionSetting{batch, pause})
+		if len(parts) != 3 {
+			b.Fatalf("MOONJI_BENCH_RETENTION=%q: want batch/pause[/share],…", v)
+		}
+		batch, err1 := strconv.Atoi(parts[0])
+		pause, err2 := time.ParseDuration(parts[1])
+		share, err3 := strconv.ParseFloat(parts[2], 64)
+		if err1 != nil || err2 != nil || err3 != nil || batch <= 0 || share <= 0 || share > 1 {
+			b.Fatalf("MOONJI_BENCH_RETENTION=%q: want batch/pause[/share],…", v)
+		}
+		out = append(out, retentionSetting{batch, pause, share})
 	}
 	return out
 }

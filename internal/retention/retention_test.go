@@ -188,3 +188,73 @@ func TestStopsWhenCancelled(t *testing.T) {
 		t.Errorf("RunOnce on a cancelled context: %v", err)
 	}
 }
+
+// After a batch that took d, a run pauses at least (1-Share)/Share × d:
+// however slow the batches, the run works at most its share of the time.
+func TestPauseGrowsWithTheBatch(t *testing.T) {
+	db := open(t, "sqlite://"+t.TempDir()+"/m.db")
+	type call struct{ began, ended time.Time }
+	var calls []call
+	job := &Job{DB: db, Usage: models.Day, Batch: 5, Pause: time.Millisecond, Share: 0.25,
+		WithUsage: []Table{{Name: "slow", Prune: func(context.Context, *gorm.DB, time.Time, int) (int64, error) {
+			c := call{began: time.Now()}
+			time.Sleep(10 * time.Millisecond) // the batch's cost
+			c.ended = time.Now()
+			calls = append(calls, c)
+			if len(calls) == 4 {
+				return 0, nil
+			}
+			return 5, nil
+		}}}}
+	if _, err := job.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 4 {
+		t.Fatalf("%d batches, want 4", len(calls))
+	}
+	for i := 1; i < len(calls); i++ {
+		busy := calls[i-1].ended.Sub(calls[i-1].began)
+		if gap := calls[i].began.Sub(calls[i-1].ended); gap < 3*busy {
+			t.Errorf("pause after batch %d: %v after %v of work, want at least 3× (share 0.25)", i, gap, busy)
+		}
+	}
+	if got := job.pauseAfter(time.Microsecond); got != time.Millisecond {
+		t.Errorf("after a cheap batch the pause is %v, want Pause (1ms)", got)
+	}
+	if got := (&Job{}).pauseAfter(100 * time.Millisecond); got != 1900*time.Millisecond {
+		t.Errorf("default share: %v after 100ms, want 1.9s", got)
+	}
+}
+
+// A run that finds nothing to delete still gives back the pages an
+// interrupted run freed and did not vacuum.
+func TestVacuumsAfterAnInterruptedRun(t *testing.T) {
+	db := open(t, "sqlite://"+t.TempDir()+"/m.db")
+	ctx := context.Background()
+	seed(t, db, "old", time.Now().UTC().Add(-50*models.Day), 3000, models.OutcomeSuccess)
+	// The interrupted run: its deletes happened, its vacuum did not.
+	for {
+		n, err := models.PruneUsage(ctx, db, time.Now(), 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	var free int64
+	if err := db.Raw("PRAGMA freelist_count").Scan(&free).Error; err != nil || free == 0 {
+		t.Fatalf("free pages after the deletes: %d, %v; want some", free, err)
+	}
+	res, err := (&Job{DB: db, Usage: models.Day, Pause: time.Millisecond}).RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left int64
+	if err := db.Raw("PRAGMA freelist_count").Scan(&left).Error; err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted[TableUsage] != 0 || left != 0 {
+		t.Errorf("run: %d deleted, %d free pages left of %d; want 0 and 0", res.Deleted[TableUsage], left, free)
+	}
+}
