@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,30 +56,44 @@ func leaseEnvDuration(t *testing.T, name string, def time.Duration) time.Duratio
 
 // leaseEngine is the mock engine counting the requests it serves at once.
 //
-// A request counts from its arrival until its handler returns or its sender
-// closes the connection. The gateway closes an abandoned request's
-// connection before it gives the slot back, but this server learns of the
-// close only when a goroutine of its own reads the end of the connection,
-// which on a busy machine can come after the next request has arrived
-// through the freed slot. So at each arrival the engine asks the kernel
-// whether each running request's connection has been closed by the gateway
-// (its end is already in the socket's receive queue): that ordering, not
-// the scheduling of this process's goroutines, is what the engine sees.
+// A request counts from its arrival until it has sent its last frame
+// ([DONE]), its handler returns or its sender closes the connection. A real
+// engine has finished a sequence when it sends [DONE], and the gateway
+// gives the slot back as soon as it has relayed that frame, so the next
+// request may arrive through the freed slot while this handler, descheduled
+// on a busy machine, has not yet returned. Likewise the gateway closes an
+// abandoned request's connection before it gives the slot back, but this
+// server learns of the close only when a goroutine of its own reads the end
+// of the connection: so at each arrival the engine asks the kernel whether
+// each running request's connection has been closed by the gateway (its end
+// is already in the socket's receive queue). These orderings, not the
+// scheduling of this process's goroutines, are what the engine sees.
+// peakHandlers is the count without the [DONE] rule, logged beside it.
 type leaseEngine struct {
 	mock *mockllm.Server
 	url  string
 
-	mu      sync.Mutex
-	open    map[*http.Request]int // running request → its connection's descriptor
-	running atomic.Int64
-	peak    atomic.Int64
+	mu           sync.Mutex
+	open         map[*http.Request]*leaseRequest
+	running      atomic.Int64
+	peak         atomic.Int64
+	peakHandlers atomic.Int64
+	peakAt       atomic.Value // string: the requests open when the peak was reached
+}
+
+// leaseRequest is one running request: its connection's descriptor (-1:
+// unknown) and whether it has sent its last frame.
+type leaseRequest struct {
+	fd       int
+	arrived  time.Time
+	finished bool
 }
 
 type leaseConnKey struct{}
 
 func startLeaseEngine(t *testing.T) *leaseEngine {
 	t.Helper()
-	e := &leaseEngine{open: map[*http.Request]int{}, mock: mockllm.New(mockllm.Options{Models: []string{"m1"},
+	e := &leaseEngine{open: map[*http.Request]*leaseRequest{}, mock: mockllm.New(mockllm.Options{Models: []string{"m1"},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})}
 	srv := httptest.NewUnstartedServer(e)
 	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
@@ -125,16 +140,43 @@ func (e *leaseEngine) arrive(r *http.Request) {
 	fd := connFD(r)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := int64(1)
+	// A request read after its sender hung up (abandoned while this
+	// server's goroutine had not yet parsed it) had its slot given back
+	// before the next one was sent: it does not count, as the others.
+	n, handlers := int64(0), int64(0)
+	gone := closedByPeer(fd)
+	if !gone {
+		n, handlers = 1, 1
+	}
+	var at strings.Builder
 	for _, other := range e.open {
-		if !closedByPeer(other) {
+		closed := closedByPeer(other.fd)
+		fmt.Fprintf(&at, " [%s finished=%t closed=%t]", time.Since(other.arrived).Round(time.Millisecond), other.finished, closed)
+		if closed {
+			continue
+		}
+		handlers++
+		if !other.finished {
 			n++
 		}
 	}
-	e.open[r] = fd
+	e.open[r] = &leaseRequest{fd: fd, arrived: time.Now()}
 	e.running.Add(1)
 	if n > e.peak.Load() {
 		e.peak.Store(n)
+		e.peakAt.Store(fmt.Sprintf("%d counted; this one's sender gone: %t; the others (age):%s", n, gone, at.String()))
+	}
+	if handlers > e.peakHandlers.Load() {
+		e.peakHandlers.Store(handlers)
+	}
+}
+
+// finish marks r as having sent its last frame.
+func (e *leaseEngine) finish(r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if o, ok := e.open[r]; ok {
+		o.finished = true
 	}
 }
 
@@ -151,7 +193,15 @@ func (e *leaseEngine) leave(r *http.Request) {
 func (e *leaseEngine) resetPeak() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.peak.Store(int64(len(e.open)))
+	n := int64(0)
+	for _, o := range e.open {
+		if !o.finished {
+			n++
+		}
+	}
+	e.peak.Store(n)
+	e.peakHandlers.Store(int64(len(e.open)))
+	e.peakAt.Store("")
 }
 
 func (e *leaseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -162,9 +212,26 @@ func (e *leaseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			stop()
 			e.leave(r)
 		}()
+		w = &lastFrameWriter{ResponseWriter: w, finish: func() { e.finish(r) }}
 	}
 	e.mock.ServeHTTP(w, r)
 }
+
+// lastFrameWriter calls finish before the stream's [DONE] is written.
+type lastFrameWriter struct {
+	http.ResponseWriter
+	finish func()
+}
+
+func (w *lastFrameWriter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("data: [DONE]")) {
+		w.finish()
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (Flush).
+func (w *lastFrameWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // leaseRig is n replicas sharing one backend's limit through the real
 // Redis, each behind its own faultproxy.
@@ -391,7 +458,10 @@ func (r *leaseRig) phase(name string, d time.Duration, during func()) (int64, *l
 	close(stop)
 	res := <-done
 	peak := r.engine.peak.Load()
-	r.t.Logf("%s: engine peak %d (limit %d); %s", name, peak, leaseMax, res)
+	r.t.Logf("%s: engine peak %d (limit %d; %d counting handlers past their [DONE]); %s", name, peak, leaseMax, r.engine.peakHandlers.Load(), res)
+	if at, _ := r.engine.peakAt.Load().(string); peak > leaseMax && at != "" {
+		r.t.Logf("%s: at the peak, %s", name, at)
+	}
 	res.mu.Lock()
 	defer res.mu.Unlock()
 	if len(res.errs) > 0 {
