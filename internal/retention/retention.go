@@ -11,10 +11,9 @@
 // at most a share of one core and of the database's write lock however
 // slow the machine or large the rows: the requests served meanwhile keep
 // their latency, and a first run over a year of rows simply takes longer.
-// On SQLite it then gives
-// the freed pages back to the file system a few megabytes at a time
-// (incremental vacuum). The rollups the dashboards and budgets read are
-// never touched.
+// On SQLite it then gives the freed pages back to the file system a little
+// at a time (incremental vacuum), paced the same way. The rollups the
+// dashboards and budgets read are never touched.
 package retention
 
 import (
