@@ -41,7 +41,10 @@ func TestServerRunsRetention(t *testing.T) {
 	}
 	models.Close(db)
 
-	e := startEnv(t, dbURL, func(c *config.Config) { c.Retention.Usage = config.Age(models.Day) })
+	e := startEnv(t, dbURL, func(c *config.Config) { c.Retention.Usage, c.Retention.Share = config.Age(models.Day), 1 })
+	if got := e.srv.Retention.Share; got != 1 {
+		t.Errorf("the job's share is %g, want the configured 1", got)
+	}
 	left := func(id string) bool {
 		var n int64
 		if err := e.DB.Model(&models.Usage{}).Where("inference_id = ?", id).Count(&n).Error; err != nil {

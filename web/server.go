@@ -608,7 +608,7 @@ var retentionDelay time.Duration
 func (s *Server) startRetention() {
 	cfg := s.Config.Retention
 	s.Retention = &retention.Job{DB: s.DB, Usage: cfg.Usage.Duration(), Conversations: cfg.Conversations.Duration(),
-		Delay: retentionDelay, Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention"),
+		Share: cfg.Share, Delay: retentionDelay, Deleted: s.Metrics.RetentionDeleted, Log: s.log.With("job", "retention"),
 		// The audit log is kept as long as the usage it sits beside.
 		WithUsage: []retention.Table{{Name: "audit", Prune: models.DeleteAuditEventsBefore}}}
 	if !s.Retention.Enabled() {

@@ -28,6 +28,8 @@ func TestRetention(t *testing.T) {
 		"retention: {usage: 720h, conversations: 30d}":     {Usage: Age(720 * time.Hour), Conversations: Age(30 * 24 * time.Hour)},
 		"retention: {usage: \"0\", conversations: 36600d}": {Conversations: Age(36600 * 24 * time.Hour)},
 		"retention:\n  usage: 1d\n":                        {Usage: Age(24 * time.Hour)},
+		"retention: {usage: 30d, share: 0.2}":              {Usage: Age(30 * 24 * time.Hour), Share: 0.2},
+		"retention: {usage: 30d, share: 1}":                {Usage: Age(30 * 24 * time.Hour), Share: 1},
 	} {
 		c, err := load(t, body)
 		if err != nil {
@@ -48,6 +50,13 @@ func TestRetention(t *testing.T) {
 		"retention: {usage: 1y}":                    `got "1y"`,
 		"retention: {usage: [1d]}":                  "want a duration",
 		"retention: {usage: 1d, logs: 2d}":          "logs",
+		"retention: {share: 0.001}":                 "retention.share: must be between 0.01 and 1",
+		"retention: {share: 1.5}":                   "retention.share: must be between 0.01 and 1",
+		"retention: {share: -0.1}":                  "retention.share: must be between 0.01 and 1",
+		"retention: {share: .nan}":                  "retention.share: must be between 0.01 and 1",
+		"retention: {share: .inf}":                  "retention.share: must be between 0.01 and 1",
+		"retention: {share: 5%}":                    "cannot unmarshal !!str `5%`",
+		"retention: {share: [0.1]}":                 "cannot unmarshal !!seq",
 	} {
 		if _, err := load(t, body); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: err = %v, want it to contain %q", body, err, want)
