@@ -100,22 +100,27 @@ func (h *Handler) versionAction(c *fiber.Ctx, act func(sess *models.Session, m *
 	if err := act(sess, m); err != nil {
 		return h.composerError(c, err)
 	}
-	return h.renderThread(c, sess.UserID, id)
+	return h.renderThread(c, sess, id)
 }
 
 // renderThread answers with conversation id's thread: the messages of its
-// path shown.
-func (h *Handler) renderThread(c *fiber.Ctx, userID uint, id string) error {
+// path shown; and, out of band, the sidebar, where an edit, a regenerate
+// or a delete moved the conversation up (each touches it).
+func (h *Handler) renderThread(c *fiber.Ctx, sess *models.Session, id string) error {
 	if !isHTMX(c) {
 		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
 	}
-	_, o, err := h.Chat.Outline(c.UserContext(), userID, id)
+	_, o, err := h.Chat.Outline(c.UserContext(), sess.UserID, id)
 	if err != nil {
 		return h.composerError(c, err)
 	}
-	d, err := h.threadPage(c, userID, id, o, len(o.Path))
+	d, err := h.threadPage(c, sess.UserID, id, o, len(o.Path))
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.ThreadMessages(d))
+	sb, err := h.sidebar(c, sess, id)
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.ThreadRedrawn(d, sb))
 }

@@ -172,7 +172,7 @@ func TestEditRegenerateAndVersions(t *testing.T) {
 
 // TestDeleteMessageOnThePage: the page's Delete on a person's message
 // deletes that version and what followed it, and draws the thread again
-// with the other version shown; deleting the last
+// with the other version shown (and the sidebar); deleting the last
 // message leaves the conversation's empty state. An answer's id is
 // refused as an edit of it is; another person's message, or one named
 // under another conversation, is not found; a branch whose reply streams
@@ -228,10 +228,12 @@ func TestDeleteMessageOnThePage(t *testing.T) {
 	unchanged("a refused delete")
 
 	// The edited version: it and its answer go, the first version and
-	// its answer are shown, with no version arrows left.
+	// its answer are shown, with no version arrows left; the sidebar
+	// comes along, the conversation still in it.
 	got = p.form(deleteURL(conv, eu2), nil, true)
 	if got.status != http.StatusOK || !strings.Contains(got.body, ">second question</div>") ||
-		strings.Contains(got.body, "second question, edited") || strings.Contains(got.body, "Previous version") {
+		strings.Contains(got.body, "second question, edited") || strings.Contains(got.body, "Previous version") ||
+		!strings.Contains(got.body, `id="sidebar"`) || !strings.Contains(got.body, `data-conversation="`+conv+`"`) {
 		t.Fatalf("delete the edited version: %d\n%s", got.status, got.body)
 	}
 	if c := p.conversation(conv); len(c.Messages) != 4 || !slices.Equal(c.CurrentPath, []string{u1.ID, a1.ID, u2.ID, a2.ID}) {
