@@ -23,6 +23,32 @@ async function answered(page: Page, count: number) {
   await expect(lastReply(page)).toHaveAttribute('data-status', /done|stopped/);
 }
 
+// settled waits until htmx has settled what it swapped in: it binds the
+// new elements' hx- attributes only then (20 ms after the swap), and a
+// click or key before that does nothing.
+async function settled(page: Page) {
+  await expect(page.locator('.htmx-request, .htmx-swapping, .htmx-settling, .htmx-added')).toHaveCount(0);
+}
+
+// inEachMode screenshots the page as test-results/screenshots/{name}-
+// {light,dark,phone}.png, checks each with axe, and that a 390 px phone
+// needs no sideways scroll; it ends in the light desktop view.
+async function inEachMode(page: Page, name: string) {
+  for (const [mode, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
+    await page.setViewportSize({ width, height: 800 });
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.screenshot({ path: `test-results/screenshots/${name}-${mode}.png` });
+    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help}`), `${name} in ${mode}`).toEqual([]);
+    if (mode === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways).toBeLessThanOrEqual(0);
+    }
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.emulateMedia({ colorScheme: 'light' });
+}
+
 test.beforeEach(async ({ page }) => {
   await signIn(page);
 });
@@ -37,6 +63,8 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
 
   // Edit, then Esc: nothing changes.
   await mine(page).first().getByRole('button', { name: 'Edit' }).click();
+  await expect(page.getByRole('textbox', { name: 'Edited message' })).toBeVisible();
+  await settled(page);
   await page.getByRole('textbox', { name: 'Edited message' }).press('Escape');
   await expect(page.getByRole('textbox', { name: 'Edited message' })).toHaveCount(0);
   await expect(mine(page)).toHaveCount(2);
@@ -70,18 +98,7 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   await expect(lastReply(page).locator('.version-count')).toHaveText('2 / 2');
   await expect(lastReply(page).locator('.answer')).toContainText('user: Alpha, edited');
 
-  for (const [name, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    await page.screenshot({ path: `test-results/screenshots/chat-versions-${name}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help}`), `versions in ${name}`).toEqual([]);
-    if (name === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
+  await inEachMode(page, 'chat-versions');
 
   // By keyboard: the previous version of the answer, then of the first
   // message, which brings back the conversation that followed it.
@@ -89,6 +106,7 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   await page.keyboard.press('Enter');
   await expect(lastReply(page).locator('.version-count')).toHaveText('1 / 2');
   await expect(lastReply(page).locator('.answer')).toHaveText(before);
+  await settled(page);
   await mine(page).first().getByRole('button', { name: 'Previous version' }).focus();
   await page.keyboard.press('Enter');
   await expect(mine(page)).toHaveCount(2);
