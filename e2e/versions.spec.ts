@@ -125,6 +125,65 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   expect(second).not.toContain('edited');
 });
 
+test('Delete a version of a person\'s message: asked first; the other version is shown, and an emptied conversation shows its empty state', async ({ page }) => {
+  // Several answers and axe in three modes: slow on a busy machine.
+  test.setTimeout(120_000);
+  await send(page, 'Gamma question', 'moonji-demo');
+  await answered(page, 1);
+  await send(page, 'Delta question');
+  await answered(page, 2);
+  await mine(page).nth(1).getByRole('button', { name: 'Edit' }).click();
+  const box = page.getByRole('textbox', { name: 'Edited message' });
+  await expect(box).toBeVisible();
+  await settled(page);
+  await box.fill('Delta, edited');
+  await box.press('Control+Enter');
+  await answered(page, 2);
+  await expect(mine(page).nth(1).locator('.version-count')).toHaveText('2 / 2');
+  const url = page.url();
+
+  // The button is short on screen; its name says what it deletes.
+  const deleteButton = (n: number) => mine(page).nth(n).getByRole('button', { name: 'Delete this message and what followed it' });
+  await expect(deleteButton(1)).toHaveText('Delete');
+  await inEachMode(page, 'chat-delete');
+  await settled(page);
+
+  // Dismissed: nothing is deleted, not even after a reload.
+  let asked = '';
+  page.once('dialog', (d) => { asked = d.message(); d.dismiss(); });
+  await deleteButton(1).click();
+  await expect.poll(() => asked).toBe('Delete this message and the answers after it? Its other versions stay.');
+  await page.reload();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta, edited');
+  await expect(mine(page).nth(1).locator('.version-count')).toHaveText('2 / 2');
+
+  // Accepted: the edited version and its answer go; the first version is
+  // shown, with its answer, and no arrows (one version is left).
+  page.once('dialog', (d) => d.accept());
+  await deleteButton(1).click();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta question');
+  await expect(mine(page).nth(1).locator('.versions')).toHaveCount(0);
+  await answered(page, 2);
+  await page.reload();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta question');
+  await expect(page.locator('.versions')).toHaveCount(0);
+
+  // The first message: the rest of the conversation goes with it, the
+  // page shows the empty state, and the conversation stays in the
+  // sidebar, still the current one; the next message starts it again.
+  page.once('dialog', (d) => { asked = d.message(); d.accept(); });
+  await deleteButton(0).click();
+  await expect(page.locator('#thread-empty')).toBeVisible();
+  expect(asked).toBe('Delete this message and the answers after it?');
+  await expect(page.locator('#thread article')).toHaveCount(0);
+  await expect(page.getByRole('navigation', { name: 'Conversations' }).locator('[aria-current="page"]')).toHaveAttribute('href', new URL(url).pathname);
+  await inEachMode(page, 'chat-delete-empty');
+  await send(page, 'Epsilon question');
+  await answered(page, 1);
+  await expect(page.locator('#thread-empty')).toHaveCount(0);
+  expect(page.url()).toBe(url);
+});
+
 test('Stop, then send at once: the stopped answer stays, and goes to the engine exactly as shown', async ({ page }) => {
   await send(page, 'Tell me a long story about the sea', 'moonji-slow');
   await expect(lastReply(page)).toHaveAttribute('data-status', 'streaming');
