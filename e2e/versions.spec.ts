@@ -23,6 +23,32 @@ async function answered(page: Page, count: number) {
   await expect(lastReply(page)).toHaveAttribute('data-status', /done|stopped/);
 }
 
+// settled waits until htmx has settled what it swapped in: it binds the
+// new elements' hx- attributes only then (20 ms after the swap), and a
+// click or key before that does nothing.
+async function settled(page: Page) {
+  await expect(page.locator('.htmx-request, .htmx-swapping, .htmx-settling, .htmx-added')).toHaveCount(0);
+}
+
+// inEachMode screenshots the page as test-results/screenshots/{name}-
+// {light,dark,phone}.png, checks each with axe, and that a 390 px phone
+// needs no sideways scroll; it ends in the light desktop view.
+async function inEachMode(page: Page, name: string) {
+  for (const [mode, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
+    await page.setViewportSize({ width, height: 800 });
+    await page.emulateMedia({ colorScheme: scheme });
+    await page.screenshot({ path: `test-results/screenshots/${name}-${mode}.png` });
+    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help}`), `${name} in ${mode}`).toEqual([]);
+    if (mode === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways).toBeLessThanOrEqual(0);
+    }
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.emulateMedia({ colorScheme: 'light' });
+}
+
 test.beforeEach(async ({ page }) => {
   await signIn(page);
 });
@@ -37,6 +63,8 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
 
   // Edit, then Esc: nothing changes.
   await mine(page).first().getByRole('button', { name: 'Edit' }).click();
+  await expect(page.getByRole('textbox', { name: 'Edited message' })).toBeVisible();
+  await settled(page);
   await page.getByRole('textbox', { name: 'Edited message' }).press('Escape');
   await expect(page.getByRole('textbox', { name: 'Edited message' })).toHaveCount(0);
   await expect(mine(page)).toHaveCount(2);
@@ -70,18 +98,7 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   await expect(lastReply(page).locator('.version-count')).toHaveText('2 / 2');
   await expect(lastReply(page).locator('.answer')).toContainText('user: Alpha, edited');
 
-  for (const [name, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    await page.screenshot({ path: `test-results/screenshots/chat-versions-${name}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help}`), `versions in ${name}`).toEqual([]);
-    if (name === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
+  await inEachMode(page, 'chat-versions');
 
   // By keyboard: the previous version of the answer, then of the first
   // message, which brings back the conversation that followed it.
@@ -89,6 +106,7 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   await page.keyboard.press('Enter');
   await expect(lastReply(page).locator('.version-count')).toHaveText('1 / 2');
   await expect(lastReply(page).locator('.answer')).toHaveText(before);
+  await settled(page);
   await mine(page).first().getByRole('button', { name: 'Previous version' }).focus();
   await page.keyboard.press('Enter');
   await expect(mine(page)).toHaveCount(2);
@@ -105,6 +123,65 @@ test('edit and regenerate add versions; the arrows switch the path shown; the en
   expect(second).toContain('user: Alpha question');
   expect(second).toContain('user: Beta question');
   expect(second).not.toContain('edited');
+});
+
+test('Delete a version of a person\'s message: asked first; the other version is shown, and an emptied conversation shows its empty state', async ({ page }) => {
+  // Several answers and axe in three modes: slow on a busy machine.
+  test.setTimeout(120_000);
+  await send(page, 'Gamma question', 'moonji-demo');
+  await answered(page, 1);
+  await send(page, 'Delta question');
+  await answered(page, 2);
+  await mine(page).nth(1).getByRole('button', { name: 'Edit' }).click();
+  const box = page.getByRole('textbox', { name: 'Edited message' });
+  await expect(box).toBeVisible();
+  await settled(page);
+  await box.fill('Delta, edited');
+  await box.press('Control+Enter');
+  await answered(page, 2);
+  await expect(mine(page).nth(1).locator('.version-count')).toHaveText('2 / 2');
+  const url = page.url();
+
+  // The button is short on screen; its name says what it deletes.
+  const deleteButton = (n: number) => mine(page).nth(n).getByRole('button', { name: 'Delete this message and what followed it' });
+  await expect(deleteButton(1)).toHaveText('Delete');
+  await inEachMode(page, 'chat-delete');
+  await settled(page);
+
+  // Dismissed: nothing is deleted, not even after a reload.
+  let asked = '';
+  page.once('dialog', (d) => { asked = d.message(); d.dismiss(); });
+  await deleteButton(1).click();
+  await expect.poll(() => asked).toBe('Delete this message and the answers after it? Its other versions stay.');
+  await page.reload();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta, edited');
+  await expect(mine(page).nth(1).locator('.version-count')).toHaveText('2 / 2');
+
+  // Accepted: the edited version and its answer go; the first version is
+  // shown, with its answer, and no arrows (one version is left).
+  page.once('dialog', (d) => d.accept());
+  await deleteButton(1).click();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta question');
+  await expect(mine(page).nth(1).locator('.versions')).toHaveCount(0);
+  await answered(page, 2);
+  await page.reload();
+  await expect(mine(page).nth(1).locator('.text')).toHaveText('Delta question');
+  await expect(page.locator('.versions')).toHaveCount(0);
+
+  // The first message: the rest of the conversation goes with it, the
+  // page shows the empty state, and the conversation stays in the
+  // sidebar, still the current one; the next message starts it again.
+  page.once('dialog', (d) => { asked = d.message(); d.accept(); });
+  await deleteButton(0).click();
+  await expect(page.locator('#thread-empty')).toBeVisible();
+  expect(asked).toBe('Delete this message and the answers after it?');
+  await expect(page.locator('#thread article')).toHaveCount(0);
+  await expect(page.getByRole('navigation', { name: 'Conversations' }).locator('[aria-current="page"]')).toHaveAttribute('href', new URL(url).pathname);
+  await inEachMode(page, 'chat-delete-empty');
+  await send(page, 'Epsilon question');
+  await answered(page, 1);
+  await expect(page.locator('#thread-empty')).toHaveCount(0);
+  expect(page.url()).toBe(url);
 });
 
 test('Stop, then send at once: the stopped answer stays, and goes to the engine exactly as shown', async ({ page }) => {

@@ -71,7 +71,7 @@ func (h *Handler) ChatRegenerate(c *fiber.Ctx) error {
 	if _, err := h.Chat.Regenerate(c.UserContext(), personOf(sess), id); err != nil {
 		return h.composerError(c, err)
 	}
-	return h.renderThread(c, sess.UserID, id)
+	return h.renderThread(c, sess, id)
 }
 
 // switchModel makes model (the picker's choice, when sent) the one that

@@ -17,8 +17,8 @@ import (
 
 // ChatShowVersion serves POST /c/{id}/m/{mid}/show: the version arrows.
 func (h *Handler) ChatShowVersion(c *fiber.Ctx) error {
-	return h.versionAction(c, func(sess *models.Session, mid string) error {
-		_, err := h.Chat.Show(c.UserContext(), sess.UserID, mid)
+	return h.versionAction(c, func(sess *models.Session, m *models.Message) error {
+		_, err := h.Chat.Show(c.UserContext(), sess.UserID, m.ID)
 		return err
 	})
 }
@@ -46,8 +46,8 @@ func (h *Handler) ChatEditForm(c *fiber.Ctx) error {
 // ChatEdit serves POST /c/{id}/m/{mid}/edit: the edited text as a new
 // version of the person's message, answered at once.
 func (h *Handler) ChatEdit(c *fiber.Ctx) error {
-	return h.versionAction(c, func(sess *models.Session, mid string) error {
-		sent, err := h.Chat.Edit(c.UserContext(), personOf(sess), mid, c.FormValue("content"))
+	return h.versionAction(c, func(sess *models.Session, m *models.Message) error {
+		sent, err := h.Chat.Edit(c.UserContext(), personOf(sess), m.ID, c.FormValue("content"))
 		if _, limited := chat.AsLimit(err); limited && sent.MessageID != "" {
 			// Refused for the person's running answers, the edit and its
 			// refused reply are stored all the same (shown with Retry).
@@ -60,8 +60,23 @@ func (h *Handler) ChatEdit(c *fiber.Ctx) error {
 // ChatRegenerateMessage serves POST /c/{id}/m/{mid}/regenerate: a new
 // version of that answer.
 func (h *Handler) ChatRegenerateMessage(c *fiber.Ctx) error {
-	return h.versionAction(c, func(sess *models.Session, mid string) error {
-		_, err := h.Chat.RegenerateMessage(c.UserContext(), personOf(sess), mid)
+	return h.versionAction(c, func(sess *models.Session, m *models.Message) error {
+		_, err := h.Chat.RegenerateMessage(c.UserContext(), personOf(sess), m.ID)
+		return err
+	})
+}
+
+// ChatDeleteMessage serves POST /c/{id}/m/{mid}/delete: the person's
+// message and everything that followed it go; its other versions stay,
+// the newest shown.
+func (h *Handler) ChatDeleteMessage(c *fiber.Ctx) error {
+	return h.versionAction(c, func(sess *models.Session, m *models.Message) error {
+		// The page offers Delete beside Edit, on a person's message only;
+		// an answer is refused as an edit of it is.
+		if m.Role != models.RoleUser {
+			return chat.ErrNotEditable
+		}
+		_, err := h.Chat.DeleteMessage(c.UserContext(), sess.UserID, m.ID)
 		return err
 	})
 }
@@ -69,37 +84,43 @@ func (h *Handler) ChatRegenerateMessage(c *fiber.Ctx) error {
 // versionAction runs act on message {mid} once it is known to be in the
 // person's conversation {id} (and the model the form names, if any, is the
 // conversation's), then answers with the thread drawn again.
-func (h *Handler) versionAction(c *fiber.Ctx, act func(sess *models.Session, mid string) error) error {
+func (h *Handler) versionAction(c *fiber.Ctx, act func(sess *models.Session, m *models.Message) error) error {
 	sess, err := h.session(c)
 	if err != nil {
 		return err
 	}
 	id := c.Params("id")
-	if _, err := h.Chat.Message(c.UserContext(), sess.UserID, id, c.Params("mid")); err != nil {
+	m, err := h.Chat.Message(c.UserContext(), sess.UserID, id, c.Params("mid"))
+	if err != nil {
 		return h.composerError(c, err)
 	}
 	if err := h.switchModel(c, sess, id, c.FormValue("model")); err != nil {
 		return h.composerError(c, err)
 	}
-	if err := act(sess, c.Params("mid")); err != nil {
+	if err := act(sess, m); err != nil {
 		return h.composerError(c, err)
 	}
-	return h.renderThread(c, sess.UserID, id)
+	return h.renderThread(c, sess, id)
 }
 
 // renderThread answers with conversation id's thread: the messages of its
-// path shown.
-func (h *Handler) renderThread(c *fiber.Ctx, userID uint, id string) error {
+// path shown; and, out of band, the sidebar, where an edit, a regenerate
+// or a delete moved the conversation up (each touches it).
+func (h *Handler) renderThread(c *fiber.Ctx, sess *models.Session, id string) error {
 	if !isHTMX(c) {
 		return c.Redirect(views.ConversationURL(id), http.StatusSeeOther)
 	}
-	_, o, err := h.Chat.Outline(c.UserContext(), userID, id)
+	_, o, err := h.Chat.Outline(c.UserContext(), sess.UserID, id)
 	if err != nil {
 		return h.composerError(c, err)
 	}
-	d, err := h.threadPage(c, userID, id, o, len(o.Path))
+	d, err := h.threadPage(c, sess.UserID, id, o, len(o.Path))
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.ThreadMessages(d))
+	sb, err := h.sidebar(c, sess, id)
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.ThreadRedrawn(d, sb))
 }

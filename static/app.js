@@ -179,8 +179,8 @@ function showError(text) {
 }
 
 // sync makes the page agree with its messages: Send or Stop, and no
-// Regenerate, Edit or version switch while an answer streams (one answer
-// at a time per conversation).
+// Regenerate, Edit, Delete or version switch while an answer streams (one
+// answer at a time per conversation).
 function sync() {
   const button = sendButton();
   if (!button) return;
@@ -189,7 +189,7 @@ function sync() {
   button.type = streaming ? 'button' : 'submit';
   button.classList.toggle('stop', !!streaming);
   button.disabled = !!streaming?.dataset.stopping;
-  thread()?.querySelectorAll('.regenerate, .edit, .versions').forEach((b) => { b.hidden = !!streaming; });
+  thread()?.querySelectorAll('.regenerate, .edit, .delete, .versions').forEach((b) => { b.hidden = !!streaming; });
 }
 
 // finishReply shows a reply as ended once its done event replaced its

@@ -125,6 +125,15 @@ func messageActionURL(m ChatMessage, id, action string) string {
 	return fmt.Sprintf("/c/%s/m/%s/%s", url.PathEscape(m.ConversationID), url.PathEscape(id), action)
 }
 
+// deleteQuestion is what Delete asks before it deletes the person's
+// message m: the answers after it go too, its other versions (if any) stay.
+func deleteQuestion(m ChatMessage) string {
+	if m.Versions > 1 {
+		return "Delete this message and the answers after it? Its other versions stay."
+	}
+	return "Delete this message and the answers after it?"
+}
+
 func earlierURL(conv, before string) string {
 	return ConversationURL(conv) + "/earlier?before=" + url.QueryEscape(before)
 }

@@ -108,6 +108,7 @@ func (s *Server) setupAuth(ctx context.Context, h *handlers.Handler) error {
 	app.Get("/c/:id/m/:mid/edit", page, h.ChatEditForm)
 	app.Post("/c/:id/m/:mid/edit", page, h.ChatEdit)
 	app.Post("/c/:id/m/:mid/regenerate", page, h.ChatRegenerateMessage)
+	app.Post("/c/:id/m/:mid/delete", page, h.ChatDeleteMessage)
 	app.Post("/c/:id/rename", page, h.RenameConversationPage)
 	app.Get("/c/:id/settings", page, h.ChatSettings)
 	app.Post("/c/:id/settings", page, h.ChatSaveSettings)

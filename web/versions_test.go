@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -166,6 +167,109 @@ func TestEditRegenerateAndVersions(t *testing.T) {
 	}
 	if c := p.conversation(conv); len(c.Messages) != 3 {
 		t.Fatalf("after deleting a branch: %d messages, want 3", len(c.Messages))
+	}
+}
+
+// TestDeleteMessageOnThePage: the page's Delete on a person's message
+// deletes that version and what followed it, and draws the thread again
+// with the other version shown (and the sidebar); deleting the last
+// message leaves the conversation's empty state. An answer's id is
+// refused as an edit of it is; another person's message, or one named
+// under another conversation, is not found; a branch whose reply streams
+// stays. Nothing refused deletes anything.
+func TestDeleteMessageOnThePage(t *testing.T) {
+	e := startEnv(t, "sqlite://"+t.TempDir()+"/delete.db")
+	p := e.chatter("deleter@example.com")
+	conv := p.newConversation()
+	u1, a1 := ask(t, e, p, conv, "first question", "d-one")
+	u2, a2 := ask(t, e, p, conv, "second question", "d-two")
+	e.mockBody(map[string]any{"tokens": 3, "tag": "d-edit"})
+	status, body := p.do(http.MethodPost, "/api/v1/messages/"+u2.ID+"/edit", `{"content":"second question, edited"}`)
+	if status != http.StatusAccepted {
+		t.Fatalf("edit: %d %s", status, body)
+	}
+	eu2 := gjson.Get(body, "user_message_id").Str
+	ea2 := p.reply(conv)
+	deleteURL := func(conv, mid string) string { return "/c/" + conv + "/m/" + mid + "/delete" }
+	unchanged := func(what string) {
+		t.Helper()
+		if c := p.conversation(conv); len(c.Messages) != 6 || !slices.Equal(c.CurrentPath, []string{u1.ID, a1.ID, eu2, ea2.ID}) {
+			t.Fatalf("%s changed the conversation: %d messages, path %v", what, len(c.Messages), c.CurrentPath)
+		}
+	}
+
+	// An answer: refused above the composer, as the other actions are.
+	got := p.form(deleteURL(conv, ea2.ID), nil, true)
+	if got.header.Get("HX-Retarget") != "#composer-error" || !strings.Contains(got.body, "cannot be changed this way") {
+		t.Errorf("delete an answer: %d %v %s", got.status, got.header, got.body)
+	}
+	if got := p.form(deleteURL(conv, ea2.ID), nil, false); got.status != http.StatusBadRequest {
+		t.Errorf("delete an answer by a plain form: %d", got.status)
+	}
+	unchanged("deleting an answer")
+
+	// Someone else's message, and the person's own under another of
+	// their conversations: not found. Without the CSRF token: forbidden.
+	other := e.chatter("not-the-owner@example.com")
+	if got := other.form(deleteURL(conv, eu2), nil, false); got.status != http.StatusNotFound {
+		t.Errorf("another person's message: %d %s", got.status, got.body)
+	}
+	if got := other.form(deleteURL(conv, eu2), nil, true); !strings.Contains(got.body, "no longer exists") {
+		t.Errorf("another person's message by htmx: %d %s", got.status, got.body)
+	}
+	elsewhere := p.newConversation()
+	if got := p.form(deleteURL(elsewhere, eu2), nil, false); got.status != http.StatusNotFound {
+		t.Errorf("a message named under another conversation: %d %s", got.status, got.body)
+	}
+	noCSRF := &chatter{e: e, c: p.c}
+	if got := noCSRF.form(deleteURL(conv, eu2), nil, true); got.status != http.StatusForbidden {
+		t.Errorf("no CSRF: %d", got.status)
+	}
+	unchanged("a refused delete")
+
+	// The edited version: it and its answer go, the first version and
+	// its answer are shown, with no version arrows left; the sidebar
+	// comes along, the conversation still in it.
+	got = p.form(deleteURL(conv, eu2), nil, true)
+	if got.status != http.StatusOK || !strings.Contains(got.body, ">second question</div>") ||
+		strings.Contains(got.body, "second question, edited") || strings.Contains(got.body, "Previous version") ||
+		!strings.Contains(got.body, `id="sidebar"`) || !strings.Contains(got.body, `data-conversation="`+conv+`"`) {
+		t.Fatalf("delete the edited version: %d\n%s", got.status, got.body)
+	}
+	if c := p.conversation(conv); len(c.Messages) != 4 || !slices.Equal(c.CurrentPath, []string{u1.ID, a1.ID, u2.ID, a2.ID}) {
+		t.Fatalf("after deleting the edited version: %d messages, path %v", len(c.Messages), c.CurrentPath)
+	}
+
+	// A branch whose reply is still streaming stays.
+	e.mockBody(map[string]any{"tokens": 500, "tps": 20})
+	s := p.send(conv, "a long answer, please")
+	c := p.conversation(conv)
+	asked := c.Messages[len(c.Messages)-2]
+	if got := p.form(deleteURL(conv, asked.ID), nil, true); !strings.Contains(got.body, "still being written") {
+		t.Errorf("delete while the reply streams: %d %s", got.status, got.body)
+	}
+	if got := p.form(deleteURL(conv, u1.ID), nil, true); !strings.Contains(got.body, "still being written") {
+		t.Errorf("delete a branch above the streaming reply: %d %s", got.status, got.body)
+	}
+	if status, body := p.do(http.MethodPost, "/api/v1/inference/stop", `{"inference_id":"`+s.InferenceID+`"}`); status != http.StatusOK {
+		t.Fatalf("stop: %d %s", status, body)
+	}
+	p.reply(conv)
+	if n := len(p.conversation(conv).Messages); n != 6 {
+		t.Fatalf("deletes refused while streaming changed the conversation: %d messages, want 6", n)
+	}
+
+	// The first message: the conversation is empty, shown as a new one
+	// is, and still in the sidebar.
+	got = p.form(deleteURL(conv, u1.ID), url.Values{}, true)
+	if got.status != http.StatusOK || !strings.Contains(got.body, `id="thread-empty"`) || strings.Contains(got.body, "<article") {
+		t.Fatalf("delete the first message: %d\n%s", got.status, got.body)
+	}
+	if n := len(p.conversation(conv).Messages); n != 0 {
+		t.Fatalf("after deleting the first message: %d messages", n)
+	}
+	if pg := p.page("/c/" + conv); !strings.Contains(pg.body, `id="thread-empty"`) || !strings.Contains(pg.body, `data-conversation="`+conv+`"`) {
+		t.Fatalf("the emptied conversation's page:\n%s", pg.body)
 	}
 }
 
