@@ -229,11 +229,13 @@ func TestDeleteMessageOnThePage(t *testing.T) {
 
 	// The edited version: it and its answer go, the first version and
 	// its answer are shown, with no version arrows left; the sidebar
-	// comes along, the conversation still in it.
+	// comes along, the conversation still in it, and the refusal shown
+	// above the composer is cleared.
 	got = p.form(deleteURL(conv, eu2), nil, true)
 	if got.status != http.StatusOK || !strings.Contains(got.body, ">second question</div>") ||
 		strings.Contains(got.body, "second question, edited") || strings.Contains(got.body, "Previous version") ||
-		!strings.Contains(got.body, `id="sidebar"`) || !strings.Contains(got.body, `data-conversation="`+conv+`"`) {
+		!strings.Contains(got.body, `id="sidebar"`) || !strings.Contains(got.body, `data-conversation="`+conv+`"`) ||
+		!strings.Contains(got.body, `<p id="composer-error" class="error" role="alert" hidden hx-swap-oob="true">`) {
 		t.Fatalf("delete the edited version: %d\n%s", got.status, got.body)
 	}
 	if c := p.conversation(conv); len(c.Messages) != 4 || !slices.Equal(c.CurrentPath, []string{u1.ID, a1.ID, u2.ID, a2.ID}) {
