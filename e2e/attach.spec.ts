@@ -1,7 +1,6 @@
 import { test, expect, type Page } from '@playwright/test';
-import AxeBuilder from '@axe-core/playwright';
 import { createHash } from 'node:crypto';
-import { signIn } from './helpers';
+import { inEachMode, signIn } from './helpers';
 
 // Attachments in the browser chat: images by the Attach button, dropped on
 // the composer and pasted, reaching the engine byte for byte (the demo
@@ -49,23 +48,6 @@ async function attachByButton(page: Page, button: string, files: { name: string,
   await (await chooser).setFiles(files);
 }
 
-async function looks(page: Page, name: string) {
-  const modes = [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const;
-  for (const [mode, scheme, width] of modes) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    await page.screenshot({ path: `test-results/screenshots/attach-${name}-${mode}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help}`), `${name} in ${mode}`).toEqual([]);
-    if (mode === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
-  await page.emulateMedia({ colorScheme: 'light' });
-}
-
 test.beforeEach(async ({ page }) => {
   // Each test takes six screenshots with axe: more than the default 30 s
   // on a busy machine.
@@ -87,7 +69,7 @@ test('images attached by button, drag and drop, and paste reach the engine byte 
   await page.getByRole('button', { name: 'Remove notes.txt' }).click();
   await expect(previews(page)).toHaveCount(3);
   await message(page).fill('/describe these');
-  await looks(page, 'previews');
+  await inEachMode(page, 'attach-previews');
 
   await message(page).press('Enter');
   await expect(lastReply(page)).toHaveAttribute('data-status', 'done');
@@ -107,7 +89,7 @@ test('images attached by button, drag and drop, and paste reach the engine byte 
   // After a reload too.
   await page.reload();
   await expect(page.locator('article[data-role="user"]').last().locator('.msg-files img')).toHaveCount(3);
-  await looks(page, 'sent');
+  await inEachMode(page, 'attach-sent');
 });
 
 test('a model without vision: Attach is disabled and says why; text files still go; a refused file keeps the typed text', async ({ page }) => {
@@ -117,7 +99,7 @@ test('a model without vision: Attach is disabled and says why; text files still 
   await expect(attach).toHaveAttribute('title', /moonji-demo cannot see images/);
   await expect(attach).toHaveAccessibleDescription(/moonji-demo cannot see images/);
   await expect(page.locator('#attach-why')).toBeVisible();
-  await looks(page, 'no-vision');
+  await inEachMode(page, 'attach-no-vision');
 
   await message(page).fill('/echo Keep this text.');
   // An image dropped anyway is refused before it is uploaded.
@@ -128,7 +110,7 @@ test('a model without vision: Attach is disabled and says why; text files still 
   await expect(page.locator('#composer-error')).toContainText('notes.txt');
   await expect(previews(page)).toHaveCount(0);
   await expect(message(page)).toHaveValue('/echo Keep this text.');
-  await looks(page, 'refused');
+  await inEachMode(page, 'attach-refused');
 
   await attachByButton(page, 'Attach text file', [{ name: 'plan.md', mimeType: 'text/markdown', buffer: Buffer.from('Step one: water the carrots.\n') }]);
   await expect(previews(page)).toHaveCount(1);

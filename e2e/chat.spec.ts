@@ -1,7 +1,6 @@
 import { test, expect, type Page } from '@playwright/test';
-import AxeBuilder from '@axe-core/playwright';
 import { baseURL } from '../playwright.config';
-import { csrf, moonji, signIn, usageRow } from './helpers';
+import { csrf, inEachMode, moonji, signIn, usageRow } from './helpers';
 
 // The browser chat against the built-in demo engine: moonji-demo streams
 // fast, moonji-slow at 12 tokens/s one request at a time with no queue,
@@ -288,19 +287,7 @@ test('a conversation\'s settings: the Settings panel saves a system prompt, temp
   await page.getByLabel('Maximum length').fill('5');
   await page.getByRole('button', { name: 'Save settings' }).click();
   await expect(page.getByRole('status')).toContainText('Saved');
-  const modes = [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const;
-  for (const [name, scheme, width] of modes) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    await page.screenshot({ path: `test-results/screenshots/chat-settings-${name}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help}`), `settings panel in ${name}`).toEqual([]);
-    if (name === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
+  await inEachMode(page, 'chat-settings');
   const conv = await conversationOf(page, idFromURL(page));
   expect(conv).toMatchObject({ system_prompt: 'Answer in one short sentence.', temperature: 0.3, max_tokens: 5 });
   await send(page, 'And another one');

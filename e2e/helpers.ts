@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { expect, type Page } from '@playwright/test';
+import AxeBuilder from '@axe-core/playwright';
 
 // createKey issues an API key with the real CLI, against the same database
 // the e2e server uses, and returns the secret it prints.
@@ -61,4 +62,27 @@ export function recording(extra?: Record<string, unknown>) {
     return r;
   };
   return { seen, fetch: f };
+}
+
+// inEachMode screenshots the page as it is into
+// test-results/screenshots/{shot}-{light,dark,phone}.png (to be looked at),
+// checks each view with axe (nothing serious or critical) and that a 390 px
+// phone needs no sideways scroll; before, if given, runs in each view before
+// its screenshot. It ends in the light desktop view.
+export async function inEachMode(page: Page, shot: string, before?: (mode: string) => Promise<void>) {
+  const modes = [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const;
+  for (const [mode, scheme, width] of modes) {
+    await page.setViewportSize({ width, height: 800 });
+    await page.emulateMedia({ colorScheme: scheme });
+    if (before) await before(mode);
+    await page.screenshot({ path: `test-results/screenshots/${shot}-${mode}.png` });
+    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+    expect(bad.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target).join(', ')})`), `${shot} in ${mode}`).toEqual([]);
+    if (mode === 'phone') {
+      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(sideways, `${shot} scrolls sideways on a phone`).toBeLessThanOrEqual(0);
+    }
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.emulateMedia({ colorScheme: 'light' });
 }

@@ -1,6 +1,5 @@
 import { test, expect, type Page } from '@playwright/test';
-import AxeBuilder from '@axe-core/playwright';
-import { csrf, signIn } from './helpers';
+import { csrf, inEachMode, signIn } from './helpers';
 
 // Finding conversations: pins and folders in the sidebar (by keyboard and
 // by drag and drop), the history filtered by folder, and a person's default
@@ -40,26 +39,6 @@ async function tabTo(page: Page, label: string) {
 
 const sidebar = (page: Page) => page.getByRole('navigation', { name: 'Conversations' });
 const group = (page: Page, name: string) => sidebar(page).getByRole('region', { name });
-
-// checkViews takes light, dark and phone screenshots of the page as it is,
-// with axe finding nothing serious, and nothing wider than a phone.
-async function checkViews(page: Page, shot: string, before?: (name: string) => Promise<void>) {
-  const modes = [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const;
-  for (const [name, scheme, width] of modes) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    if (before) await before(name);
-    await page.screenshot({ path: `test-results/screenshots/${shot}-${name}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target).join(', ')})`), `${shot} in ${name}`).toEqual([]);
-    if (name === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways, `${shot} scrolls sideways on a phone`).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
-  await page.emulateMedia({ colorScheme: 'light' });
-}
 
 test('pin and move to a folder by keyboard, drag into a folder, filter the history by folder', async ({ page }) => {
   // Several pages, each checked by axe in three modes: slow on a busy machine.
@@ -106,7 +85,7 @@ test('pin and move to a folder by keyboard, drag into a folder, filter the histo
   await page.keyboard.press('Escape');
 
   // Screenshots with a pin and two folders, a menu open too.
-  await checkViews(page, 'sidebar', async (name) => {
+  await inEachMode(page, 'sidebar', async (name) => {
     if (name === 'phone') {
       await page.getByRole('button', { name: 'Conversations' }).click();
       await expect(sidebar(page)).toBeVisible();
@@ -118,7 +97,7 @@ test('pin and move to a folder by keyboard, drag into a folder, filter the histo
     await expect(page.getByRole('button', { name: `Pin ${epsilonName}` })).toBeVisible();
   };
   await openMenu();
-  await checkViews(page, 'sidebar-menu', async (name) => {
+  await inEachMode(page, 'sidebar-menu', async (name) => {
     if (name === 'phone') {
       await page.getByRole('button', { name: 'Conversations' }).click();
       await openMenu();
@@ -160,7 +139,7 @@ test('pin and move to a folder by keyboard, drag into a folder, filter the histo
   await expect(titles.nth(0)).toContainText(/Alpha plans|Beta notes/);
   await expect(titles.nth(1)).toContainText(/Alpha plans|Beta notes/);
   await expect(page.getByRole('link', { name: `Pinned: ${betaName}` })).toBeVisible();
-  await checkViews(page, 'history-folders');
+  await inEachMode(page, 'history-folders');
 });
 
 test('a default system prompt on the settings page: saved, shown again, cleared', async ({ page }) => {
@@ -172,7 +151,7 @@ test('a default system prompt on the settings page: saved, shown again, cleared'
   await expect(page.getByRole('status')).toContainText('Saved');
   await page.reload();
   await expect(field).toHaveValue('Answer in one short sentence, in French.');
-  await checkViews(page, 'settings');
+  await inEachMode(page, 'settings');
   // Too long: refused with why, nothing stored.
   await field.evaluate((el: HTMLTextAreaElement) => { el.removeAttribute('maxlength'); el.value = 'x'.repeat(16385); });
   await page.getByRole('button', { name: 'Save' }).click();

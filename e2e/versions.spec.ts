@@ -1,6 +1,5 @@
 import { test, expect, type Page } from '@playwright/test';
-import AxeBuilder from '@axe-core/playwright';
-import { signIn } from './helpers';
+import { inEachMode, signIn } from './helpers';
 
 // Versions of messages: Edit and Regenerate add a version instead of
 // replacing, arrows switch the path shown, and the engine receives exactly
@@ -28,25 +27,6 @@ async function answered(page: Page, count: number) {
 // click or key before that does nothing.
 async function settled(page: Page) {
   await expect(page.locator('.htmx-request, .htmx-swapping, .htmx-settling, .htmx-added')).toHaveCount(0);
-}
-
-// inEachMode screenshots the page as test-results/screenshots/{name}-
-// {light,dark,phone}.png, checks each with axe, and that a 390 px phone
-// needs no sideways scroll; it ends in the light desktop view.
-async function inEachMode(page: Page, name: string) {
-  for (const [mode, scheme, width] of [['light', 'light', 1280], ['dark', 'dark', 1280], ['phone', 'light', 390]] as const) {
-    await page.setViewportSize({ width, height: 800 });
-    await page.emulateMedia({ colorScheme: scheme });
-    await page.screenshot({ path: `test-results/screenshots/${name}-${mode}.png` });
-    const bad = (await new AxeBuilder({ page }).analyze()).violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
-    expect(bad.map((v) => `${v.id}: ${v.help}`), `${name} in ${mode}`).toEqual([]);
-    if (mode === 'phone') {
-      const sideways = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-      expect(sideways).toBeLessThanOrEqual(0);
-    }
-  }
-  await page.setViewportSize({ width: 1280, height: 800 });
-  await page.emulateMedia({ colorScheme: 'light' });
 }
 
 test.beforeEach(async ({ page }) => {
