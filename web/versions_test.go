@@ -221,6 +221,11 @@ func TestDeleteMessageOnThePage(t *testing.T) {
 	if got := p.form(deleteURL(elsewhere, eu2), nil, false); got.status != http.StatusNotFound {
 		t.Errorf("a message named under another conversation: %d %s", got.status, got.body)
 	}
+	for _, mid := range []string{"x", "%27%20OR%201%3D1%20--", "%00", strings.Repeat("a", 1500), eu2 + "%20"} {
+		if got := p.form(deleteURL(conv, mid), nil, false); got.status != http.StatusNotFound {
+			t.Errorf("message id %.40q: %d, want 404", mid, got.status)
+		}
+	}
 	noCSRF := &chatter{e: e, c: p.c}
 	if got := noCSRF.form(deleteURL(conv, eu2), nil, true); got.status != http.StatusForbidden {
 		t.Errorf("no CSRF: %d", got.status)
